@@ -1,0 +1,65 @@
+"""Self-attention over the whole image when each rank computes the queries of one band.
+
+A band's queries need keys and values of every token. :class:`DisplacedKV` completes the band's own
+K (or V) to the full sequence: this step's for every band during warm-up, last step's for the other
+bands afterwards. For processors that compute K/V with ``attn.to_k`` / ``attn.to_v`` on the image
+tokens and apply positions before projection (U-Nets, PixArt, SD3), a hook on those two projections
+is enough and the stock processor's maths is untouched. Rotary models complete K/V inside their
+family's processor, after the rotation.
+
+With ``partial_context`` set (PCPP), displaced steps attend to the own band plus the rows nearest the
+border of each neighbouring band (a fraction of that band's rows), received from the two neighbours
+only; 0 means the own band alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from diffusers.hooks import ModelHook
+
+from ..runtime.comm import Communicator, NeighbourExchange, SlotExchange
+
+
+class DisplacedKV:
+    """Completes one layer's band of keys or values to the tokens the band attends to."""
+
+    def __init__(self, comm: Communicator, name: str, tag: int, partial_context: float | None):
+        self.comm, self.name, self.tag, self.partial_context = comm, name, tag, partial_context
+
+    def complete(self, local: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
+        comm, state = self.comm, self.comm.state
+        gather = state.exchange(self.name, lambda: SlotExchange(comm, self.name))
+        if state.synchronous or self.partial_context is None:
+            slots = gather.gather(local, state.synchronous)
+            return torch.cat([local if r == comm.rank else s for r, s in enumerate(slots)], dim=token_dim)
+        if self.partial_context == 0:
+            return local
+        band_tokens = local.shape[token_dim]
+        cols = state.partition.cols_for_band_tokens(band_tokens)
+        band_rows = band_tokens // cols
+        context = min(band_rows, max(1, math.ceil(self.partial_context * band_rows))) * cols
+        top, bottom = local.narrow(token_dim, 0, context), local.narrow(token_dim, band_tokens - context, context)
+
+        def from_last_full_gather():
+            slots, rank = gather.latest, comm.rank
+            above = slots[rank - 1].narrow(token_dim, band_tokens - context, context) if rank > 0 else None
+            below = slots[rank + 1].narrow(token_dim, 0, context) if rank < comm.size - 1 else None
+            return above, below
+
+        key = self.name + ".context"
+        neighbours = state.exchange(key, lambda: NeighbourExchange(comm, key, self.tag))
+        above, below = neighbours.exchange(top, bottom, False, initial=from_last_full_gather)
+        return torch.cat([t for t in (above, local, below) if t is not None], dim=token_dim)
+
+
+class KVProjectionHook(ModelHook):
+    """``post_forward`` of ``attn.to_k`` or ``attn.to_v``: a band's projection becomes the full one."""
+
+    def __init__(self, kv: DisplacedKV):
+        super().__init__()
+        self.kv = kv
+
+    def post_forward(self, module, output: torch.Tensor) -> torch.Tensor:
+        return self.kv.complete(output, token_dim=1)

@@ -1,0 +1,50 @@
+"""GroupNorm over the whole image when each rank holds one row band of it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.hooks import ModelHook
+from torch import nn
+
+from ..runtime.comm import Communicator, SlotExchange
+
+
+class BandGroupNormHook(ModelHook):
+    """Replaces the forward of one ``nn.GroupNorm`` that sees a row band of the image.
+
+    Each rank computes its band's per-group mean and biased variance (in float32); the global
+    statistics combine them exactly for equal bands: ``mean = avg(mean_r)``,
+    ``var = avg(var_r) + avg((mean_r - mean)^2)`` — the biased variance ``nn.GroupNorm`` uses. On a
+    displaced step the other bands' statistics are last step's and this band's are fresh (DistriFusion's
+    corrected asynchronous GroupNorm). Combining (mean, variance) pairs rather than (E[x], E[x^2]) cannot
+    produce a negative variance, so no fallback to the local variance is needed.
+    """
+
+    def __init__(self, comm: Communicator, name: str):
+        super().__init__()
+        self.comm, self.name = comm, name
+
+    def new_forward(self, module: nn.GroupNorm, hidden_states: torch.Tensor) -> torch.Tensor:
+        comm, state = self.comm, self.comm.state
+        batch = hidden_states.shape[0]
+        grouped = hidden_states.reshape(batch, module.num_groups, -1)
+        var, mean = torch.var_mean(grouped.float(), dim=-1, correction=0)
+        local = torch.stack([mean, var], dim=-1)
+        slots = state.exchange(self.name, lambda: SlotExchange(comm, self.name)).gather(local, state.synchronous)
+        stats = torch.stack([local if r == comm.rank else s for r, s in enumerate(slots)])
+        mean = stats[..., 0].mean(0)
+        var = stats[..., 1].mean(0) + (stats[..., 0] - mean).square().mean(0)
+        dtype = hidden_states.dtype
+        # batch_norm in inference form normalizes each (sample, group) row by the given statistics in one pass
+        normed = F.batch_norm(
+            hidden_states.reshape(1, batch * module.num_groups, -1),
+            mean.flatten().to(dtype),
+            var.flatten().to(dtype),
+            training=False,
+            eps=module.eps,
+        ).reshape(hidden_states.shape)
+        if not module.affine:
+            return normed
+        shape = (1, -1) + (1,) * (hidden_states.ndim - 2)
+        return torch.addcmul(module.bias.view(shape), normed, module.weight.view(shape))

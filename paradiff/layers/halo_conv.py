@@ -1,0 +1,52 @@
+"""Row-banded 2-D convolution that pads its band with the neighbouring bands' boundary rows."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.hooks import ModelHook
+from torch import nn
+
+from ..errors import ParadiffError
+from ..runtime.comm import Communicator, NeighbourExchange
+
+
+def needs_halo(conv: nn.Conv2d) -> bool:
+    """Whether a convolution reads rows outside its own output rows (kernel taller than one row)."""
+    return conv.kernel_size[0] > 1
+
+
+def check_halo_conv(name: str, conv: nn.Conv2d) -> None:
+    """Fail early for convolutions whose banded form would not equal the full one."""
+    pad_h = conv.padding[0] if not isinstance(conv.padding, str) else None
+    reach = (conv.kernel_size[0] - 1) * conv.dilation[0]
+    if conv.padding_mode != "zeros" or pad_h is None or reach != 2 * pad_h:
+        raise ParadiffError(
+            f"Conv2d '{name}' (kernel {conv.kernel_size}, padding {conv.padding}, mode {conv.padding_mode}) "
+            "cannot be split into row bands; supported: zero padding of (kernel - 1) * dilation / 2 rows"
+        )
+
+
+class HaloConv2dHook(ModelHook):
+    """Replaces the forward of one ``nn.Conv2d`` that sees a row band of the image.
+
+    The band is extended by ``padding`` rows from each neighbour (zeros at the image border, as the
+    stock layer pads), then convolved without vertical padding: the same sums the full convolution
+    computes for these rows. Warm-up steps use this step's rows; displaced steps last step's.
+    """
+
+    def __init__(self, comm: Communicator, name: str, tag: int):
+        super().__init__()
+        self.comm, self.name, self.tag = comm, name, tag
+
+    def new_forward(self, module: nn.Conv2d, hidden_states: torch.Tensor) -> torch.Tensor:
+        pad_h = module.padding[0]
+        state = self.comm.state
+        exchange = state.exchange(self.name, lambda: NeighbourExchange(self.comm, self.name, self.tag))
+        top, bottom = hidden_states[:, :, :pad_h], hidden_states[:, :, -pad_h:]
+        above, below = exchange.exchange(top, bottom, state.synchronous)
+        border = torch.zeros_like(top)
+        padded = torch.cat([border if above is None else above, hidden_states, border if below is None else below], 2)
+        return F.conv2d(
+            padded, module.weight, module.bias, module.stride, (0, module.padding[1]), module.dilation, module.groups
+        )

@@ -1,0 +1,30 @@
+"""Denoiser families paradiff knows, looked up by the denoiser's class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import ParadiffError
+from .base import DenoiserFamily, Grid
+from .dit import PixArtFamily, SD3Family
+from .flux import FluxFamily
+from .unet import UNetFamily
+from .vae import VAEDecoderFamily
+
+FAMILIES: tuple[DenoiserFamily, ...] = (UNetFamily(), PixArtFamily(), SD3Family(), FluxFamily())
+DECODER_FAMILIES: tuple[DenoiserFamily, ...] = (VAEDecoderFamily(),)
+
+__all__ = ["DECODER_FAMILIES", "FAMILIES", "DenoiserFamily", "Grid", "decoder_family_of", "family_of"]
+
+
+def decoder_family_of(model: nn.Module) -> DenoiserFamily | None:
+    """The family of a VAE decoder paradiff can band, or None (then every rank decodes it whole)."""
+    return next((family for family in DECODER_FAMILIES if family.matches(model)), None)
+
+
+def family_of(model: nn.Module) -> DenoiserFamily:
+    for family in FAMILIES:
+        if family.matches(model):
+            return family
+    supported = ", ".join(name for family in FAMILIES for name in family.class_names)
+    raise ParadiffError(f"denoiser class {type(model).__name__} is not supported; supported classes: {supported}")

@@ -1,0 +1,94 @@
+"""What a strategy needs to know about one denoiser family, in one place per family.
+
+A family says where the image's grid of rows enters the denoiser and where it leaves, how its rows
+must align, which attention layers mix image tokens, and which layers see row bands. Strategies use
+only this interface, never a class name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import ParadiffError
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The image's grid at the place a family splits it: ``rows`` × ``cols`` (latent pixels or tokens)."""
+
+    rows: int
+    cols: int
+
+
+class DenoiserFamily:
+    """Base description of a denoiser family (subclasses set the class attributes)."""
+
+    #: Short name used in messages and reports.
+    name: str = ""
+    #: Names of the denoiser classes this family covers (matched against the class and its bases).
+    class_names: tuple[str, ...] = ()
+    #: Name of the forward argument that holds the timestep.
+    timestep_arg: str = "timestep"
+    #: Name of the forward argument that holds the noisy latent.
+    latent_arg: str = "hidden_states"
+    #: Submodule whose output is the image token sequence, sliced to the rank's rows; None: the
+    #: family slices the denoiser's inputs itself (:meth:`split_inputs`).
+    token_module: str | None = None
+    #: Submodule whose token output is gathered before the model reshapes it; None: the denoiser's
+    #: own output is gathered along :attr:`output_dim`.
+    output_module: str | None = None
+    #: Dimension of the denoiser output (or of ``output_module``'s output) that holds the rows.
+    output_dim: int = 1
+    #: Whether convolutions and GroupNorms see row bands (U-Nets) and so need halos and global stats.
+    banded_spatial_layers: bool = False
+
+    def grid(self, model: nn.Module, latent: torch.Tensor, inputs: dict) -> Grid:
+        """Rows × cols of the grid that is cut into bands, for this call's latent."""
+        raise NotImplementedError
+
+    def row_multiple(self, model: nn.Module) -> int:
+        """Rows of the grid in one band must be a multiple of this (strides at every level)."""
+        return 1
+
+    def pixels_per_row(self, model: nn.Module, vae_scale_factor: int) -> int:
+        """Image pixels per row of the grid (for messages that name a height that works)."""
+        return vae_scale_factor
+
+    def split_inputs(self, model: nn.Module, inputs: dict, rows: slice, grid: Grid) -> None:
+        """Slice the denoiser's inputs in place to the rank's band (for families without a token module)."""
+
+    def self_attention(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """Attention layers whose keys and values come from the image tokens."""
+        return [
+            (name, module)
+            for name, module in model.named_modules()
+            if hasattr(module, "to_k") and hasattr(module, "is_cross_attention") and not module.is_cross_attention
+        ]
+
+    def displaced_processor(self, attn: nn.Module, kv_factory):
+        """A processor that completes K/V itself (rotary models); None: hook ``to_k``/``to_v`` instead."""
+        return None
+
+    def matches(self, model: nn.Module) -> bool:
+        return any(cls.__name__ in self.class_names for cls in type(model).__mro__)
+
+
+def bind_inputs(model: nn.Module, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """The denoiser call's arguments by name (from the class's ``forward``, whatever hooks wrap it)."""
+    signature = inspect.signature(type(model).forward)
+    signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return signature.bind(*args, **kwargs)
+
+
+def slice_rows(tensor: torch.Tensor, dim: int, rows: slice, cols: int = 1) -> torch.Tensor:
+    """The rows ``rows`` of ``tensor`` along ``dim``, where each row spans ``cols`` entries of that dim."""
+    return tensor.narrow(dim, rows.start * cols, (rows.stop - rows.start) * cols)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ParadiffError(message)

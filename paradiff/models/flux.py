@@ -1,0 +1,108 @@
+"""Flux.1 (``FluxTransformer2DModel``): packed latent tokens split by rows at the input.
+
+Flux applies rotary position embeddings inside its attention processor, after projecting K/V, so
+the image K/V can only be completed after the rotation: :class:`DisplacedFluxAttnProcessor` takes
+the stock processor's steps (diffusers' own projection, norm, rotary and attention-dispatch helpers)
+and completes the image part of K/V just before attention. The rotary table is sliced with the
+image ids, so each rank's tokens keep their true positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_flux import (
+    FluxAttention,
+    FluxAttnProcessor,
+    _get_qkv_projections,
+)
+
+from ..errors import ParadiffError
+from .base import DenoiserFamily, Grid, require, slice_rows
+
+
+class FluxFamily(DenoiserFamily):
+    name = "flux"
+    class_names = ("FluxTransformer2DModel",)
+    output_dim = 1
+
+    def grid(self, model, latent, inputs):
+        ids = _image_ids(inputs)
+        rows, cols = int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1
+        require(
+            rows * cols == latent.shape[1],
+            f"img_ids describe a {rows}x{cols} grid but hidden_states hold {latent.shape[1]} tokens",
+        )
+        return Grid(rows=rows, cols=cols)
+
+    def pixels_per_row(self, model, vae_scale_factor):
+        return vae_scale_factor * 2  # Flux packs 2x2 latent pixels into one token
+
+    def split_inputs(self, model, inputs, rows, grid):
+        inputs["hidden_states"] = slice_rows(inputs["hidden_states"], 1, rows, grid.cols)
+        ids = inputs["img_ids"]
+        inputs["img_ids"] = slice_rows(ids, ids.ndim - 2, rows, grid.cols)
+
+    def self_attention(self, model):
+        return [(name, m) for name, m in model.named_modules() if isinstance(m, FluxAttention)]
+
+    def displaced_processor(self, attn, kv_factory):
+        if type(attn.processor) is not FluxAttnProcessor:
+            raise ParadiffError(
+                f"Flux attention processor {type(attn.processor).__name__} is not supported by the patch "
+                "strategy; supported: FluxAttnProcessor (call transformer.set_default_attn_processor() "
+                "or unfuse_qkv_projections() first)"
+            )
+        return DisplacedFluxAttnProcessor(*kv_factory())
+
+
+def _image_ids(inputs) -> torch.Tensor:
+    ids = inputs["img_ids"]
+    return ids[0] if ids.ndim == 3 else ids
+
+
+class DisplacedFluxAttnProcessor:
+    """Flux attention whose image keys/values are completed across bands after the rotary embedding.
+
+    The image tokens are the last ``band_tokens`` of the (text + image) sequence in both the
+    double-stream and the single-stream blocks.
+    """
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        if attention_mask is not None:
+            raise ParadiffError("Flux with an attention mask is not supported by the patch strategy")
+        query, key, value, enc_query, enc_key, enc_value = _get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
+        query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in (query, key, value))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if attn.added_kv_proj_dim is not None:
+            enc = (t.unflatten(-1, (-1, attn.head_dim)) for t in (enc_query, enc_key, enc_value))
+            enc_query, enc_key, enc_value = enc
+            enc_query, enc_key = attn.norm_added_q(enc_query), attn.norm_added_k(enc_key)
+            query = torch.cat([enc_query, query], dim=1)
+            key = torch.cat([enc_key, key], dim=1)
+            value = torch.cat([enc_value, value], dim=1)
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+
+        band = self.key.comm.state.partition.band_tokens
+        text = key.shape[1] - band
+        key = torch.cat([key[:, :text], self.key.complete(key[:, text:], token_dim=1)], dim=1)
+        value = torch.cat([value[:, :text], self.value.complete(value[:, text:], token_dim=1)], dim=1)
+
+        out = dispatch_attention_fn(query, key, value, backend=self._attention_backend)
+        out = out.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is None:
+            return out
+        enc_out, out = out.split_with_sizes([encoder_hidden_states.shape[1], band], dim=1)
+        out = attn.to_out[1](attn.to_out[0](out.contiguous()))
+        return out, attn.to_add_out(enc_out.contiguous())

@@ -1,0 +1,42 @@
+"""U-Nets (``UNet2DConditionModel``: SD 1.x/2.x, SDXL): the latent is split into row bands at the input."""
+
+from __future__ import annotations
+
+from .base import DenoiserFamily, Grid, slice_rows
+
+
+class UNetFamily(DenoiserFamily):
+    name = "unet"
+    class_names = ("UNet2DConditionModel",)
+    latent_arg = "sample"
+    output_dim = 2
+    banded_spatial_layers = True
+    #: ControlNet/T2I-adapter residuals are spatial maps at each level: sliced like the latent.
+    spatial_residual_args = (
+        "down_block_additional_residuals",
+        "mid_block_additional_residual",
+        "down_intrablock_additional_residuals",
+    )
+
+    def grid(self, model, latent, inputs):
+        return Grid(rows=latent.shape[-2], cols=latent.shape[-1])
+
+    def row_multiple(self, model):
+        # every down-sampling level halves the band; it must stay aligned with the stride at each level
+        return 2**model.num_upsamplers
+
+    def split_inputs(self, model, inputs, rows, grid):
+        inputs[self.latent_arg] = slice_rows(inputs[self.latent_arg], 2, rows)
+        for arg in self.spatial_residual_args:
+            value = inputs.get(arg)
+            if value is None:
+                continue
+            if isinstance(value, (list, tuple)):
+                inputs[arg] = type(value)(_slice_level(t, rows, grid) for t in value)
+            else:
+                inputs[arg] = _slice_level(value, rows, grid)
+
+
+def _slice_level(tensor, rows, grid):
+    factor = grid.rows // tensor.shape[-2]
+    return slice_rows(tensor, 2, slice(rows.start // factor, rows.stop // factor))

@@ -1,0 +1,157 @@
+"""``parallelize`` / ``unparallelize``: change one pipeline instance, and only that one.
+
+The pipeline keeps its own ``__call__`` loop (CFG combine, scheduler, callbacks, VAE). paradiff
+(1) installs the strategy's hooks on the pipeline's denoiser and (2) moves this one instance to a
+subclass of its own class whose ``__call__`` resets the step state, makes the starting noise agree
+across ranks and then calls the stock ``__call__``. No class is modified; ``isinstance`` checks and
+attribute access behave as before, and ``unparallelize`` restores the original class.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+from torch import nn
+
+from .config import ParallelConfig
+from .errors import ParadiffError
+from .models import decoder_family_of, family_of
+from .runtime.agree import agree_on_noise
+from .runtime.comm import Communicator
+from .runtime.distributed import RankGroup, env_world_size, local_device
+from .runtime.step_state import StepState
+from .strategies import STRATEGIES, PatchStrategy
+
+DENOISER_ATTRIBUTES = ("transformer", "unet")
+
+
+@dataclass
+class ParallelPart:
+    """One module run in parallel (the denoiser, the VAE decoder) with its step state and counters."""
+
+    comm: Communicator
+    installed: object
+
+    def begin_run(self) -> None:
+        self.comm.state.begin_run()
+        self.comm.stats.reset()
+
+
+@dataclass
+class ParallelState:
+    """Everything ``parallelize`` attached to one pipeline instance."""
+
+    config: ParallelConfig
+    original_class: type
+    denoiser: nn.Module
+    strategy: object
+    denoiser_part: ParallelPart
+    decoder_part: ParallelPart | None
+
+    @property
+    def parts(self) -> list[ParallelPart]:
+        return [part for part in (self.denoiser_part, self.decoder_part) if part is not None]
+
+    def call(self, pipe, stock_call, args: tuple, kwargs: dict):
+        comm = self.denoiser_part.comm
+        if kwargs.get("height"):
+            self.strategy.check_height(self.denoiser, comm, kwargs["height"], _vae_scale_factor(pipe))
+        kwargs = agree_on_noise(kwargs, comm.ranks)
+        for part in self.parts:
+            part.begin_run()
+        try:
+            return stock_call(pipe, *args, **kwargs)
+        finally:
+            for part in self.parts:
+                part.comm.state.drain()
+
+
+class _ParallelCall:
+    """Mixed into a per-instance subclass: routes ``pipe(...)`` through :class:`ParallelState`."""
+
+    def __call__(self, *args, **kwargs):
+        return self._paradiff.call(self, self._paradiff.original_class.__call__, args, kwargs)
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _parallel_class(cls: type) -> type:
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(cls.__name__, (_ParallelCall, cls), {"__module__": cls.__module__})
+    return _SUBCLASSES[cls]
+
+
+def find_denoiser(pipe) -> nn.Module:
+    for attribute in DENOISER_ATTRIBUTES:
+        module = getattr(pipe, attribute, None)
+        if isinstance(module, nn.Module):
+            return module
+    raise ParadiffError(
+        f"{type(pipe).__name__} has no denoiser attribute ({' or '.join(DENOISER_ATTRIBUTES)}); "
+        "paradiff parallelizes diffusers pipelines built around a U-Net or a transformer"
+    )
+
+
+def _vae_scale_factor(pipe) -> int:
+    return int(getattr(pipe, "vae_scale_factor", 8))
+
+
+def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = None, **options):
+    """Make ``pipe(...)`` run on every rank of the current torch.distributed world.
+
+    Call it on every rank (e.g. under ``torchrun``), then call ``pipe(...)`` as on one device: every
+    rank returns the full, identical result. Creates the process group from the torchrun environment
+    if none exists (gloo on CPU, NCCL on CUDA with the device chosen by ``LOCAL_RANK``). With one rank
+    it returns the pipeline unchanged. Options are the fields of :class:`ParallelConfig`.
+    """
+    config = config or ParallelConfig.from_options(strategy, options)
+    if isinstance(getattr(pipe, "_paradiff", None), ParallelState):
+        raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
+    denoiser = find_denoiser(pipe)
+    family = family_of(denoiser)
+    strategy_impl = STRATEGIES[config.strategy](partial_context=config.partial_context)
+    if env_world_size() == 1:
+        return pipe
+    ranks = RankGroup.world(timedelta(seconds=config.timeout_s))
+    device = local_device()
+    if device.type == "cuda" and denoiser.device != device:
+        pipe.to(device)
+    scale = _vae_scale_factor(pipe)
+    comm = Communicator(ranks, StepState(config.warmup_steps))
+    denoiser_part = ParallelPart(comm, strategy_impl.install(denoiser, family, comm, scale))
+    decoder_part = None
+    decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+    decoder_family = decoder_family_of(decoder) if config.parallel_vae and decoder is not None else None
+    if decoder_family is not None:
+        exact = Communicator(ranks, StepState(warmup_steps=sys.maxsize))
+        decoder_part = ParallelPart(exact, PatchStrategy().install(decoder, decoder_family, exact, scale))
+    pipe._paradiff = ParallelState(config, type(pipe), denoiser, strategy_impl, denoiser_part, decoder_part)
+    pipe.__class__ = _parallel_class(type(pipe))
+    return pipe
+
+
+def unparallelize(pipe):
+    """Undo :func:`parallelize` on this instance: hooks, processors and class are restored."""
+    state = getattr(pipe, "_paradiff", None)
+    if not isinstance(state, ParallelState):
+        return pipe
+    for part in state.parts:
+        part.comm.state.begin_run()
+        part.installed.remove()
+    pipe.__class__ = state.original_class
+    del pipe._paradiff
+    return pipe
+
+
+def comm_stats(pipe) -> dict:
+    """Communication counters of the last ``pipe(...)`` call: bytes per step, waits, exchange counts."""
+    state = getattr(pipe, "_paradiff", None)
+    if not isinstance(state, ParallelState):
+        raise ParadiffError("this pipeline is not parallelized")
+    summary = state.denoiser_part.comm.stats.summary()
+    if state.decoder_part is not None:
+        summary["vae_decode_bytes"] = state.decoder_part.comm.stats.total().bytes_sent
+    return summary

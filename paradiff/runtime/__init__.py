@@ -1,0 +1,1 @@
+"""Process groups, per-call step state and the communication layer shared by every strategy."""

@@ -1,0 +1,46 @@
+"""Make every rank start from the same noise: the first pitfall of every earlier system.
+
+Ranks that draw different starting latents (no generator passed, or different seeds per rank)
+compute bands of different images and produce a garbled one. Before each call the ranks agree on a
+seed when none is given, copy rank 0's generator states when generators are given, and copy rank 0's
+``latents`` when latents are given.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .distributed import RankGroup
+
+
+def _comm_device(ranks: RankGroup) -> torch.device:
+    if dist.get_backend(ranks.group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_from_first(tensor: torch.Tensor, ranks: RankGroup) -> torch.Tensor:
+    """Rank 0's ``tensor`` on every rank (a new tensor; the argument is left untouched)."""
+    buffer = tensor.detach().to(_comm_device(ranks), copy=True).contiguous()
+    dist.broadcast(buffer, src=ranks.global_rank(0), group=ranks.group)
+    return buffer.to(tensor.device)
+
+
+def agreed_seed(ranks: RankGroup) -> int:
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    return int(broadcast_from_first(seed, ranks))
+
+
+def agree_on_noise(kwargs: dict, ranks: RankGroup) -> dict:
+    """``kwargs`` of a pipeline call with generator and latents made identical on every rank."""
+    kwargs = dict(kwargs)
+    generator = kwargs.get("generator")
+    if generator is None:
+        kwargs["generator"] = torch.Generator("cpu").manual_seed(agreed_seed(ranks))
+    else:
+        for gen in generator if isinstance(generator, (list, tuple)) else [generator]:
+            gen.set_state(broadcast_from_first(gen.get_state(), ranks))
+    if isinstance(kwargs.get("latents"), torch.Tensor):
+        kwargs["latents"] = broadcast_from_first(kwargs["latents"], ranks)
+    return kwargs

@@ -1,0 +1,69 @@
+"""Joining (or creating) the torch.distributed world that paradiff runs on.
+
+paradiff is called on every rank of a ``torchrun`` job. If the user has not created a process group
+yet, one is created from the torchrun environment: gloo on CPU, NCCL on CUDA with the device picked by
+``LOCAL_RANK``. paradiff then makes its own group over the same ranks so that every one of its
+collectives carries paradiff's timeout, whatever timeout the user's default group has.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def env_world_size() -> int:
+    """World size as torch.distributed or the torchrun environment sees it (1 outside a job)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def local_device() -> torch.device:
+    """The device this rank should compute on: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def ensure_process_group(timeout: timedelta) -> None:
+    """Create the default process group from the torchrun environment if none exists yet."""
+    if dist.is_initialized():
+        return
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"no torch.distributed process group exists and the torchrun variables {missing} are not set; "
+            "launch with `torchrun --nproc-per-node N script.py` or call init_process_group first"
+        )
+    device = local_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+@dataclass
+class RankGroup:
+    """The ranks one strategy runs over: a process group, this rank's place in it, and its size."""
+
+    group: dist.ProcessGroup
+    rank: int
+    size: int
+    timeout: timedelta
+
+    @classmethod
+    def world(cls, timeout: timedelta) -> RankGroup:
+        """A paradiff-owned group over the whole world, carrying ``timeout`` on every collective."""
+        ensure_process_group(timeout)
+        world = dist.get_world_size()
+        group = dist.new_group(ranks=list(range(world)), timeout=timeout)
+        return cls(group=group, rank=dist.get_rank(group), size=world, timeout=timeout)
+
+    def global_rank(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank)

@@ -1,0 +1,110 @@
+"""The single source of truth for "which denoising step is this" on one wrapped denoiser.
+
+The denoiser is not told the step index, and pipelines may call it more than once per step (true CFG
+in Flux, unbatched guidance) inside ``model.cache_context(name)`` blocks. A step is therefore derived
+per call context from timestep changes: a call whose timestep differs from the previous call's in the
+same context starts a new step; a second call at the same timestep is a separate *call slot* of that
+step and gets buffers of its own. Every rank sees the same contexts, timesteps and shapes, so every
+rank takes the same warm-up/displaced decision at the same time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class _ContextCursor:
+    step: int = -1
+    call_in_step: int = 0
+    last_timestep: tuple[float, ...] | None = None
+
+
+@dataclass
+class RowPartition:
+    """How the image's grid (latent rows × cols, or token rows × cols) is cut into equal row bands."""
+
+    rows: int
+    cols: int
+    parts: int
+    rank: int
+
+    @property
+    def band_rows(self) -> int:
+        return self.rows // self.parts
+
+    @property
+    def row_start(self) -> int:
+        return self.rank * self.band_rows
+
+    @property
+    def band_tokens(self) -> int:
+        return self.band_rows * self.cols
+
+    def cols_for_band_tokens(self, band_tokens: int) -> int:
+        """Columns of a down-sampled level whose band holds ``band_tokens`` tokens (same aspect ratio)."""
+        factor_sq = self.band_tokens / band_tokens
+        factor = round(factor_sq**0.5)
+        if factor * factor != factor_sq or self.cols % factor:
+            raise RuntimeError(f"a band of {band_tokens} tokens does not match the {self.rows}x{self.cols} grid")
+        return self.cols // factor
+
+
+@dataclass
+class StepState:
+    """Step counting per call context, warm-up decisions, and the per-run exchange buffers."""
+
+    warmup_steps: int
+    run: int = 0
+    context: str = "default"
+    step: int = -1
+    call_in_step: int = 0
+    partition: RowPartition | None = None
+    buffers: dict = field(default_factory=dict)
+    _cursors: dict[str, _ContextCursor] = field(default_factory=dict)
+
+    def begin_run(self) -> None:
+        """Forget every stale activation: called at the start of each ``pipe(...)`` call."""
+        self.drain()
+        self.run += 1
+        self.buffers.clear()
+        self._cursors.clear()
+        self.step, self.call_in_step, self.context = -1, 0, "default"
+
+    def drain(self) -> None:
+        """Wait for collectives still in flight so none leaks into the next run."""
+        for exchange in self.buffers.values():
+            if hasattr(exchange, "drain"):
+                exchange.drain()
+
+    def enter_call(self, context: str | None, timestep) -> None:
+        self.context = context or "default"
+        cursor = self._cursors.setdefault(self.context, _ContextCursor())
+        key = _timestep_key(timestep)
+        if cursor.last_timestep is not None and key == cursor.last_timestep:
+            cursor.call_in_step += 1
+        else:
+            cursor.step += 1
+            cursor.call_in_step = 0
+        cursor.last_timestep = key
+        self.step, self.call_in_step = cursor.step, cursor.call_in_step
+
+    @property
+    def synchronous(self) -> bool:
+        """The first step and ``warmup_steps`` more exchange fresh data (exact); later steps are displaced."""
+        return self.step <= self.warmup_steps
+
+    def exchange(self, name: str, factory):
+        """The exchange buffers of layer ``name`` for the current call context and call slot."""
+        key = (name, self.context, self.call_in_step)
+        if key not in self.buffers:
+            self.buffers[key] = factory()
+        return self.buffers[key]
+
+
+def _timestep_key(timestep) -> tuple[float, ...]:
+    if isinstance(timestep, torch.Tensor):
+        return tuple(float(v) for v in timestep.detach().flatten()[:1].cpu())
+    return (float(timestep),)
