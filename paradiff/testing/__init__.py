@@ -1,0 +1,1 @@
+"""Test helpers for paradiff: a reusable pool of gloo ranks on loopback (see ``workers``)."""

@@ -1,0 +1,47 @@
+"""Shared pytest fixtures.
+
+Multi-rank tests must go through the shared rank pools below (``pool2``, ``pool4`` or
+``rank_pool(world_size)``) instead of spawning their own processes or process groups: starting
+workers costs seconds (importing torch and paradiff in every process), so one
+:class:`paradiff.testing.workers.RankPool` per world size serves the whole session.
+
+Task functions passed to ``pool.run`` must be module-level functions (of the test module is fine:
+workers get the parent's ``sys.path``, which includes this directory under pytest's default
+``prepend`` import mode) and must take their rank from ``torch.distributed.get_rank()``. Keep
+results small (numbers, lists, numpy arrays). A failing or hanging task makes the pool restart
+its workers on the next ``run``, so one broken test does not break the ones after it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """Factory ``rank_pool(world_size)`` returning a session-wide pool for that world size."""
+    from paradiff.testing.workers import RankPool
+
+    pools: dict[int, RankPool] = {}
+
+    def get(world_size: int) -> RankPool:
+        pool = pools.get(world_size)
+        if pool is None or pool.closed:
+            pool = pools[world_size] = RankPool(world_size)
+        return pool
+
+    yield get
+    for pool in pools.values():
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def pool2(rank_pool):
+    """A session-wide pool of 2 gloo ranks."""
+    return rank_pool(2)
+
+
+@pytest.fixture(scope="session")
+def pool4(rank_pool):
+    """A session-wide pool of 4 gloo ranks."""
+    return rank_pool(4)

@@ -1,0 +1,160 @@
+"""Multi-rank task functions for the patch-strategy tests (run on every rank of a RankPool).
+
+Each builds a tiny real pipeline with seeded random weights (identical on every rank), computes the
+one-device reference in the same process, then the parallel result, and returns small numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import paradiff
+from paradiff.errors import ParadiffError
+from paradiff.metrics import psnr
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+
+def generate(pipe, inputs: dict, size: int, steps: int, seed: int = 0, **extra) -> np.ndarray:
+    return pipe(
+        **inputs,
+        height=size,
+        width=size,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+        **extra,
+    ).images
+
+
+def flux_true_cfg_inputs(pipe) -> dict:
+    inputs = prompt_inputs(pipe, "flux")
+    negative = prompt_inputs(pipe, "flux", seed=1)
+    return {
+        **inputs,
+        "negative_prompt_embeds": negative["prompt_embeds"],
+        "negative_pooled_prompt_embeds": negative["pooled_prompt_embeds"],
+        "true_cfg_scale": 2.0,
+    }
+
+
+def parallel_vs_one_device(
+    family: str,
+    size: int,
+    steps: int,
+    warmup: int,
+    scheduler: str | None = None,
+    batch: int = 1,
+    partial_context: float | None = None,
+    true_cfg: bool = False,
+    processor: str | None = None,
+) -> dict:
+    pipe = build_pipeline(family, scheduler=scheduler)
+    if processor == "classic":
+        from diffusers.models.attention_processor import AttnProcessor
+
+        pipe.unet.set_attn_processor(AttnProcessor())
+    inputs = flux_true_cfg_inputs(pipe) if true_cfg else prompt_inputs(pipe, family, batch_size=batch)
+    original_class = type(pipe)
+    reference = generate(pipe, inputs, size, steps)
+    pipe = paradiff.parallelize(pipe, warmup_steps=warmup, partial_context=partial_context)
+    parallel_class = type(pipe)
+    parallel = generate(pipe, inputs, size, steps)
+    stats = paradiff.comm_stats(pipe)
+    paradiff.unparallelize(pipe)
+    restored = generate(pipe, inputs, size, steps)
+    return {
+        "rank": dist.get_rank(),
+        "max_error": float(np.abs(parallel - reference).max()),
+        "psnr_db": psnr(parallel, reference),
+        "restored_error": float(np.abs(restored - reference).max()),
+        "class_changed": parallel_class is not original_class and isinstance(pipe, original_class),
+        "class_restored": type(pipe) is original_class and not hasattr(pipe, "_paradiff"),
+        "hooks_left": _hooks_left(pipe),
+        "image": parallel,
+        "shape": parallel.shape,
+        "stats": stats,
+    }
+
+
+def _hooks_left(pipe) -> int:
+    modules = list(pipe.vae.modules()) + list((getattr(pipe, "unet", None) or pipe.transformer).modules())
+    return sum(len(m._diffusers_hook.hooks) for m in modules if hasattr(m, "_diffusers_hook"))
+
+
+def two_calls_do_not_share_state(family: str, size: int, steps: int, warmup: int) -> dict:
+    """A displaced call after another call (other prompt) equals the same call on a fresh wrap."""
+    pipe = build_pipeline(family)
+    first, second = prompt_inputs(pipe, family, seed=1), prompt_inputs(pipe, family, seed=2)
+    pipe = paradiff.parallelize(pipe, warmup_steps=warmup)
+    generate(pipe, first, size, steps)
+    after_other = generate(pipe, second, size, steps)
+    paradiff.unparallelize(pipe)
+    pipe = paradiff.parallelize(pipe, warmup_steps=warmup)
+    fresh = generate(pipe, second, size, steps)
+    paradiff.unparallelize(pipe)
+    return {"difference": float(np.abs(after_other - fresh).max())}
+
+
+def resolution_change(family: str, sizes: tuple[int, ...], steps: int) -> dict:
+    """Calls at several resolutions on one wrapped pipeline: each re-plans its bands and stays exact."""
+    pipe = build_pipeline(family)
+    inputs = prompt_inputs(pipe, family)
+    references = [generate(pipe, inputs, size, steps) for size in sizes]
+    pipe = paradiff.parallelize(pipe, warmup_steps=steps)
+    outputs = [generate(pipe, inputs, size, steps) for size in sizes]
+    errors = [float(np.abs(out - ref).max()) for out, ref in zip(outputs, references, strict=True)]
+    paradiff.unparallelize(pipe)
+    return {"errors": errors}
+
+
+def expect_error(family: str, action: str, **options) -> str:
+    """Run ``action`` on every rank and return the ParadiffError message each rank raised."""
+    pipe = build_pipeline(family)
+    try:
+        if action == "fused":
+            pipe.fuse_qkv_projections()
+            paradiff.parallelize(pipe, **options)
+        elif action == "processor":
+            from diffusers.models.attention_processor import AttnProcessor
+
+            pipe.transformer.set_attn_processor(AttnProcessor())
+            paradiff.parallelize(pipe, **options)
+        elif action == "twice":
+            paradiff.parallelize(pipe, **options)
+            paradiff.parallelize(pipe, **options)
+        elif action.startswith("height="):
+            pipe = paradiff.parallelize(pipe, **options)
+            generate(pipe, prompt_inputs(pipe, family), int(action.split("=")[1]), 2)
+        else:
+            raise AssertionError(f"unknown action {action}")
+    except ParadiffError as error:
+        return str(error)
+    finally:
+        paradiff.unparallelize(pipe)
+    return ""
+
+
+def distinct_noise_agrees(family: str, size: int, steps: int) -> dict:
+    """Ranks that pass different seeds (or none) still produce one identical image."""
+    pipe = paradiff.parallelize(build_pipeline(family), warmup_steps=steps)
+    inputs = prompt_inputs(pipe, family)
+    seeded = generate(pipe, inputs, size, steps, seed=100 + dist.get_rank())
+    unseeded = pipe(**inputs, height=size, width=size, num_inference_steps=steps, output_type="np").images
+    paradiff.unparallelize(pipe)
+    return {"seeded": seeded, "unseeded": unseeded}
+
+
+def user_callback_runs(family: str, size: int, steps: int) -> list[int]:
+    """A user's callback_on_step_end still runs once per step with the stock step indices."""
+    seen = []
+
+    def callback(pipe, step, timestep, kwargs):
+        seen.append(step)
+        return kwargs
+
+    pipe = paradiff.parallelize(build_pipeline(family), warmup_steps=1)
+    generate(pipe, prompt_inputs(pipe, family), size, steps, callback_on_step_end=callback)
+    paradiff.unparallelize(pipe)
+    return seen
