@@ -1,0 +1,120 @@
+"""Displaced patch parallelism vs one device, side by side in one run (CPU, 1 thread per rank).
+
+    python benchmarks/patch_bench.py --models sd,pixart --size 512 --steps 20 --nproc 2
+
+For each model: the one-device latency (this process, 1 thread), then the same call on N gloo ranks
+(1 thread each), the speedup, bytes moved per step per rank, time blocked on communication, and the
+PSNR of the parallel image against the one-device image. Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from paradiff.metrics import psnr
+from paradiff.testing.workers import RankPool
+
+
+def _generate(pipe, family: str, size: int, steps: int):
+    from paradiff.tiny import prompt_inputs
+
+    start = time.perf_counter()
+    images = pipe(
+        **prompt_inputs(pipe, family),
+        height=size,
+        width=size,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).images
+    return images, time.perf_counter() - start
+
+
+def _build(family: str, size: int):
+    from paradiff.tiny import build_pipeline
+
+    pipe = build_pipeline(family, size="bench")
+    _generate(pipe, family, 64, 1)  # first-call allocations out of the timed run
+    return pipe
+
+
+def one_device(family: str, size: int, steps: int) -> dict:
+    torch.set_num_threads(1)
+    images, latency = _generate(_build(family, size), family, size, steps)
+    return {"images": images, "latency_s": latency}
+
+
+def on_ranks(family: str, size: int, steps: int, warmup: int, partial_context) -> dict:
+    import torch.distributed as dist
+
+    import paradiff
+
+    pipe = paradiff.parallelize(_build(family, size), warmup_steps=warmup, partial_context=partial_context)
+    dist.barrier()
+    images, latency = _generate(pipe, family, size, steps)
+    stats = paradiff.comm_stats(pipe)
+    paradiff.unparallelize(pipe)
+    return {"images": images if dist.get_rank() == 0 else None, "latency_s": latency, **stats}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="sd,pixart")
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--partial-context", type=float, default=None)
+    parser.add_argument("--out", default="benchmarks/out/patch_bench.json")
+    args = parser.parse_args()
+
+    rows = []
+    with RankPool(args.nproc, timeout_s=3600, threads_per_rank=1) as pool:
+        for family in args.models.split(","):
+            base = one_device(family, args.size, args.steps)
+            results = pool.run(on_ranks, family, args.size, args.steps, args.warmup, args.partial_context)
+            par = results[0]
+            rows.append(
+                {
+                    "model": family,
+                    "size": args.size,
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "nproc": args.nproc,
+                    "partial_context": args.partial_context,
+                    "one_device_s": base["latency_s"],
+                    "parallel_s": max(r["latency_s"] for r in results),
+                    "speedup": base["latency_s"] / max(r["latency_s"] for r in results),
+                    "bytes_per_step": par["bytes_per_step"],
+                    "wait_s": max(r["wait_s"] for r in results),
+                    "vae_decode_bytes": par.get("vae_decode_bytes", 0),
+                    "psnr_db": psnr(par["images"], base["images"]),
+                }
+            )
+            print(_table(rows[-1:]), flush=True)
+    print("\n" + _table(rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"torch_threads_per_rank": 1, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+def _table(rows: list[dict]) -> str:
+    head = "| model | px | steps | W | ranks | 1 device s | parallel s | speedup | MB/step/rank | wait s | PSNR dB |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['size']} | {r['steps']} | {r['warmup']} | {r['nproc']} | {r['one_device_s']:.1f} | "
+            f"{r['parallel_s']:.1f} | {r['speedup']:.2f}x | {r['bytes_per_step'] / 1e6:.2f} | {r['wait_s']:.2f} | "
+            f"{r['psnr_db']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
