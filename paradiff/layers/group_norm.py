@@ -28,8 +28,7 @@ class BandGroupNormHook(ModelHook):
     def new_forward(self, module: nn.GroupNorm, hidden_states: torch.Tensor) -> torch.Tensor:
         comm, state = self.comm, self.comm.state
         batch = hidden_states.shape[0]
-        grouped = hidden_states.reshape(batch, module.num_groups, -1)
-        var, mean = torch.var_mean(grouped.float(), dim=-1, correction=0)
+        mean, var = _band_statistics(hidden_states, module)
         local = torch.stack([mean, var], dim=-1)
         slots = state.exchange(self.name, lambda: SlotExchange(comm, self.name)).gather(local, state.synchronous)
         stats = torch.stack([local if r == comm.rank else s for r, s in enumerate(slots)])
@@ -48,3 +47,18 @@ class BandGroupNormHook(ModelHook):
             return normed
         shape = (1, -1) + (1,) * (hidden_states.ndim - 2)
         return torch.addcmul(module.bias.view(shape), normed, module.weight.view(shape))
+
+
+def _band_statistics(hidden_states: torch.Tensor, module: nn.GroupNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-(sample, group) mean and biased variance of this band, in float32, as ``nn.GroupNorm`` computes them.
+
+    The stock kernel returns the mean and ``1 / sqrt(var + eps)`` in one fused pass, several times
+    faster on CPU than ``torch.var_mean``; the variance is recovered from it.
+    """
+    batch, channels = hidden_states.shape[:2]
+    spatial = hidden_states.numel() // (batch * channels)
+    _, mean, rstd = torch.ops.aten.native_group_norm(
+        hidden_states.contiguous(), None, None, batch, channels, spatial, module.num_groups, module.eps
+    )
+    mean, rstd = mean.float().reshape(batch, -1), rstd.float().reshape(batch, -1)
+    return mean, rstd.pow(-2) - module.eps
