@@ -1,12 +1,24 @@
 """paradiff: run an unmodified diffusers pipeline faster on several devices.
 
-pipe = paradiff.parallelize(pipe, strategy="patch", warmup_steps=4)
-images = pipe(...).images
+    pipe = paradiff.parallelize(pipe, strategy="patch", warmup_steps=4)
+    images = pipe(...).images
+
+The functions that need diffusers are imported on first use, so ``import paradiff`` and the CLI's
+argument checks stay fast.
 """
 
 from .config import ParallelConfig
 from .errors import ParadiffError
-from .pipeline import comm_stats, parallelize, unparallelize
 
 __all__ = ["ParallelConfig", "ParadiffError", "comm_stats", "parallelize", "unparallelize"]
 __version__ = "0.1.0"
+
+_PIPELINE_API = ("comm_stats", "parallelize", "unparallelize")
+
+
+def __getattr__(name: str):
+    if name in _PIPELINE_API:
+        from . import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'paradiff' has no attribute {name!r}")

@@ -120,7 +120,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if device.type == "cuda" and denoiser.device != device:
         pipe.to(device)
     scale = _vae_scale_factor(pipe)
-    comm = Communicator(ranks, StepState(config.warmup_steps))
+    comm = Communicator(ranks, StepState(config.warmup_steps), config.bucket_limit_bytes)
     denoiser_part = ParallelPart(comm, strategy_impl.install(denoiser, family, comm, scale))
     decoder_part = None
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)

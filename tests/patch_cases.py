@@ -46,19 +46,22 @@ def parallel_vs_one_device(
     warmup: int,
     scheduler: str | None = None,
     batch: int = 1,
-    partial_context: float | None = None,
     true_cfg: bool = False,
     processor: str | None = None,
+    **options,
 ) -> dict:
+    """One-device output vs ``parallelize(pipe, warmup_steps=warmup, **options)`` on this rank."""
     pipe = build_pipeline(family, scheduler=scheduler)
     if processor == "classic":
         from diffusers.models.attention_processor import AttnProcessor
 
         pipe.unet.set_attn_processor(AttnProcessor())
+    elif processor == "lora":
+        add_random_lora(pipe.unet)
     inputs = flux_true_cfg_inputs(pipe) if true_cfg else prompt_inputs(pipe, family, batch_size=batch)
     original_class = type(pipe)
     reference = generate(pipe, inputs, size, steps)
-    pipe = paradiff.parallelize(pipe, warmup_steps=warmup, partial_context=partial_context)
+    pipe = paradiff.parallelize(pipe, warmup_steps=warmup, **options)
     parallel_class = type(pipe)
     parallel = generate(pipe, inputs, size, steps)
     stats = paradiff.comm_stats(pipe)
@@ -76,6 +79,19 @@ def parallel_vs_one_device(
         "shape": parallel.shape,
         "stats": stats,
     }
+
+
+def add_random_lora(model) -> None:
+    """A LoRA adapter (peft) on attention projections and 3x3 convolutions, with non-zero weights."""
+    from peft import LoraConfig
+
+    targets = ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]
+    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=targets, init_lora_weights="gaussian"))
+    generator = torch.Generator().manual_seed(7)  # identical adapter weights on every rank
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
 
 
 def _hooks_left(pipe) -> int:
@@ -158,3 +174,15 @@ def user_callback_runs(family: str, size: int, steps: int) -> list[int]:
     generate(pipe, prompt_inputs(pipe, family), size, steps, callback_on_step_end=callback)
     paradiff.unparallelize(pipe)
     return seen
+
+
+def banded_decode(rows: int) -> dict:
+    """``vae.decode`` on a parallelized pipeline: banded when rows divide, whole on every rank otherwise."""
+    pipe = build_pipeline("sd")
+    latent = torch.randn(1, 4, rows, 8, generator=torch.Generator().manual_seed(3))
+    reference = pipe.vae.decode(latent).sample
+    pipe = paradiff.parallelize(pipe)
+    decoded = pipe.vae.decode(latent).sample
+    sent = pipe._paradiff.decoder_part.comm.stats.total().bytes_sent
+    paradiff.unparallelize(pipe)
+    return {"max_error": float((decoded - reference).abs().max()), "bytes_sent": sent}

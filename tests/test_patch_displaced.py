@@ -57,6 +57,29 @@ def test_partial_context_moves_less(pool4):
     assert all(_per_step(r)[0]["sync_layer_exchanges"] > 0 for r in partial)
 
 
+@pytest.mark.parametrize(("family", "partial_context"), [("sd", None), ("flux", None), ("sd", 0.5)])
+def test_direct_and_bucketed_transfers_agree(pool4, family, partial_context):
+    """Pieces sent on their own (limit 0) and packed into one bucket per call (huge limit) carry the same data."""
+    runs = [
+        pool4.run(
+            parallel_vs_one_device,
+            family,
+            128,
+            STEPS,
+            warmup=WARMUP,
+            partial_context=partial_context,
+            bucket_limit_bytes=limit,
+        )
+        for limit in (0, 1 << 40)
+    ]
+    direct, bucketed = runs
+    np.testing.assert_array_equal(direct[0]["image"], bucketed[0]["image"])
+    for results in runs:
+        for result in results:
+            assert all(row["sync_layer_exchanges"] == 0 for row in result["stats"]["per_step"][WARMUP + 1 :])
+            assert result["max_error"] > 1e-6
+
+
 def test_partial_context_is_exact_during_warmup(pool2):
     for result in pool2.run(parallel_vs_one_device, "sd", 64, 3, warmup=3, partial_context=0.25):
         assert result["max_error"] <= 1e-4

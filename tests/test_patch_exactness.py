@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from patch_cases import parallel_vs_one_device, resolution_change
+from patch_cases import banded_decode, parallel_vs_one_device, resolution_change
 
 TOLERANCE = 1e-4
 
@@ -12,6 +12,7 @@ CASES_2_RANKS = [
     pytest.param("sd", 64, {}, id="sd-ddim"),
     pytest.param("sd", 64, {"scheduler": "euler", "batch": 2}, id="sd-euler-batch2"),
     pytest.param("sd", 64, {"processor": "classic"}, id="sd-classic-attn-processor"),
+    pytest.param("sd", 64, {"processor": "lora"}, id="sd-peft-lora-on-attention-and-convs"),
     pytest.param("sdxl", 64, {"scheduler": "dpm"}, id="sdxl-dpm"),
     pytest.param("pixart", 64, {}, id="pixart-dpm"),
     pytest.param("pixart", 64, {"scheduler": "unipc", "batch": 2}, id="pixart-unipc-batch2"),
@@ -51,3 +52,9 @@ def test_exact_at_4_ranks(pool4, family):
 def test_resolution_change_replans(pool2, family):
     for result in pool2.run(resolution_change, family, (64, 128), 2):
         assert max(result["errors"]) <= TOLERANCE
+
+
+def test_vae_decode_banded_or_whole(pool2):
+    for banded, whole in zip(pool2.run(banded_decode, 8), pool2.run(banded_decode, 9), strict=True):
+        assert banded["max_error"] <= TOLERANCE and banded["bytes_sent"] > 0
+        assert whole["max_error"] == 0.0 and whole["bytes_sent"] == 0  # 9 rows: not split, run whole

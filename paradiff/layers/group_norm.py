@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from diffusers.hooks import ModelHook
 from torch import nn
 
@@ -27,6 +26,8 @@ class BandGroupNormHook(ModelHook):
 
     def new_forward(self, module: nn.GroupNorm, hidden_states: torch.Tensor) -> torch.Tensor:
         comm, state = self.comm, self.comm.state
+        if state.partition is None:  # this call runs whole on every rank
+            return self.fn_ref.original_forward(hidden_states)
         batch = hidden_states.shape[0]
         mean, var = _band_statistics(hidden_states, module)
         local = torch.stack([mean, var], dim=-1)
@@ -34,15 +35,12 @@ class BandGroupNormHook(ModelHook):
         stats = torch.stack([local if r == comm.rank else s for r, s in enumerate(slots)])
         mean = stats[..., 0].mean(0)
         var = stats[..., 1].mean(0) + (stats[..., 0] - mean).square().mean(0)
+        # one fused pass: x * rstd - mean * rstd, per (sample, group); differentiable, in the input's dtype
+        rstd = torch.rsqrt(var + module.eps)
         dtype = hidden_states.dtype
-        # batch_norm in inference form normalizes each (sample, group) row by the given statistics in one pass
-        normed = F.batch_norm(
-            hidden_states.reshape(1, batch * module.num_groups, -1),
-            mean.flatten().to(dtype),
-            var.flatten().to(dtype),
-            training=False,
-            eps=module.eps,
-        ).reshape(hidden_states.shape)
+        grouped = hidden_states.reshape(batch, module.num_groups, -1)
+        normed = torch.addcmul((-mean * rstd)[..., None].to(dtype), grouped, rstd[..., None].to(dtype))
+        normed = normed.reshape(hidden_states.shape)
         if not module.affine:
             return normed
         shape = (1, -1) + (1,) * (hidden_states.ndim - 2)
@@ -53,9 +51,13 @@ def _band_statistics(hidden_states: torch.Tensor, module: nn.GroupNorm) -> tuple
     """Per-(sample, group) mean and biased variance of this band, in float32, as ``nn.GroupNorm`` computes them.
 
     The stock kernel returns the mean and ``1 / sqrt(var + eps)`` in one fused pass, several times
-    faster on CPU than ``torch.var_mean``; the variance is recovered from it.
+    faster on CPU than ``torch.var_mean``; the variance is recovered from it. Its statistics carry no
+    gradient, so when a gradient is wanted the slower differentiable ``var_mean`` is used instead.
     """
     batch, channels = hidden_states.shape[:2]
+    if torch.is_grad_enabled() and hidden_states.requires_grad:
+        var, mean = torch.var_mean(hidden_states.reshape(batch, module.num_groups, -1).float(), dim=-1, correction=0)
+        return mean, var
     spatial = hidden_states.numel() // (batch * channels)
     _, mean, rstd = torch.ops.aten.native_group_norm(
         hidden_states.contiguous(), None, None, batch, channels, spatial, module.num_groups, module.eps

@@ -55,6 +55,9 @@ class BandSplitHook(ModelHook):
         inputs = bound.arguments
         grid = family.grid(module, inputs[family.latent_arg], inputs)
         error = band_rows_error(grid.rows, family, module, self.comm.size, self.vae_scale_factor)
+        if error and family.whole_when_unsplittable:
+            state.partition = None
+            return args, kwargs
         if error:
             raise ParadiffError(error)
         state.enter_call(self.context.name, inputs[family.timestep_arg] if family.timestep_arg else 0)
@@ -64,7 +67,7 @@ class BandSplitHook(ModelHook):
         return bound.args, bound.kwargs
 
     def post_forward(self, module, output):
-        if self.family.output_module is not None:
+        if self.family.output_module is not None or self.comm.state.partition is None:
             return output
         return _replace_sample(output, self.comm.end_call(_sample(output), self.family.output_dim))
 

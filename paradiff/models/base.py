@@ -45,6 +45,9 @@ class DenoiserFamily:
     output_dim: int = 1
     #: Whether convolutions and GroupNorms see row bands (U-Nets) and so need halos and global stats.
     banded_spatial_layers: bool = False
+    #: When a call's rows cannot be cut into aligned bands: True runs it whole on every rank (same
+    #: result, no speedup), False raises :class:`ParadiffError`.
+    whole_when_unsplittable: bool = False
 
     def grid(self, model: nn.Module, latent: torch.Tensor, inputs: dict) -> Grid:
         """Rows × cols of the grid that is cut into bands, for this call's latent."""

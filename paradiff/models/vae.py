@@ -18,6 +18,7 @@ class VAEDecoderFamily(DenoiserFamily):
     timestep_arg = None
     output_dim = 2
     banded_spatial_layers = True
+    whole_when_unsplittable = True  # e.g. a VAE tile whose rows do not divide by the rank count
 
     def grid(self, model, latent, inputs):
         return Grid(rows=latent.shape[-2], cols=latent.shape[-1])

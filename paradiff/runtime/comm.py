@@ -9,13 +9,19 @@ Two exchange shapes cover the displaced layers:
 On a synchronous (warm-up) step a layer sends this step's data and waits for it: exact, one
 collective per layer, since each layer's input depends on the previous layer's output.
 
-On a displaced step nothing a layer sends is needed before the next step, so the layers' pieces are
-packed into one :class:`DisplacedBucket` per denoiser call: the layout is recorded on the first
-displaced call, buffers are preallocated from then on, and at the end of the call one asynchronous
-all-gather plus one pair of neighbour messages carry every layer's data. The next call's first
-consumer waits for it (normally long done) and every layer reads views into the received buffers.
-A few hundred per-layer collectives per step become three, which matters: each launch of a small
-collective costs about a millisecond of CPU on an oversubscribed host (measured with gloo).
+On a displaced step nothing a layer sends is needed before the next step, and two kinds of piece
+travel differently (``Communicator.bucket_limit_bytes`` separates them):
+
+* large pieces (K/V of a band) are sent on their own, asynchronously, on a background process group
+  as soon as the layer has them, double-buffered: the transfer has a whole step to finish behind the
+  compute, and the foreground group (warm-up exchanges, the output gather) never queues behind it;
+* small pieces (GroupNorm statistics, halo rows, small K/V) are packed into one
+  :class:`DisplacedBucket` per denoiser call: its layout is recorded on the first displaced call,
+  buffers are preallocated from then on, and at the end of the call one all-gather plus one pair of
+  neighbour messages carry them all. A hundred or more tiny collectives per step become three, which
+  matters: launching a small collective costs about a millisecond of CPU on an oversubscribed host
+  (measured with gloo).
+
 Waits and bytes are counted per step and kind.
 """
 
@@ -103,9 +109,12 @@ class CommStats:
 class Communicator:
     """A rank group plus the step state and counters that every exchange of one model shares."""
 
-    def __init__(self, ranks: RankGroup, state: StepState):
+    def __init__(self, ranks: RankGroup, state: StepState, bucket_limit_bytes: int = 256 * 1024):
         self.ranks = ranks
         self.state = state
+        #: Displaced pieces at least this large are sent on their own as soon as a layer produces them,
+        #: so the transfer has a whole step to finish behind the compute; smaller ones are bucketed.
+        self.bucket_limit_bytes = bucket_limit_bytes
         self.stats = CommStats()
 
     @property
@@ -158,7 +167,7 @@ class DisplacedBucket:
     CHANNELS = ("all", "up", "down")
 
     def __init__(self, comm: Communicator, tag: int):
-        self.comm, self.tags = comm, {"up": tag, "down": tag + 1}
+        self.comm, self.tags = comm, (tag, tag + 1)
         self.layout: dict[tuple[str, str], tuple[torch.dtype, int, torch.Size]] | None = None
         self.recording: dict[tuple[str, str], torch.Tensor] = {}
         self.send: dict[tuple[str, torch.dtype], torch.Tensor] = {}
@@ -203,21 +212,17 @@ class DisplacedBucket:
         comm, ranks = self.comm, self.comm.ranks
         nbytes = 0
         for (channel, dtype), send in self.send.items():
-            recv = self.recv[(channel, dtype)]
             if channel == "all":
-                self.pending.append(dist.all_gather(recv, send, group=ranks.group, async_op=True))
+                recv = self.recv[(channel, dtype)]
+                self.pending.append(dist.all_gather(recv, send, group=ranks.background, async_op=True))
                 nbytes += _nbytes(send) * (comm.size - 1)
-                continue
-            peer_out = ranks.rank - 1 if channel == "up" else ranks.rank + 1
-            peer_in = ranks.rank + 1 if channel == "up" else ranks.rank - 1
-            ops = []
-            if 0 <= peer_out < comm.size:
-                ops.append(dist.P2POp(dist.isend, send, ranks.global_rank(peer_out), ranks.group, self.tags[channel]))
-                nbytes += _nbytes(send)
-            if 0 <= peer_in < comm.size:
-                ops.append(dist.P2POp(dist.irecv, recv[0], ranks.global_rank(peer_in), ranks.group, self.tags[channel]))
-            if ops:
-                self.pending += dist.batch_isend_irecv(ops)
+            elif channel == "up":
+                # rows going up come from the band below; rows going down from the band above
+                down = self.send[("down", dtype)]
+                receive = (self.recv[("down", dtype)][0], self.recv[("up", dtype)][0])
+                works, sent = neighbour_swap(ranks, ranks.background, (send, down), receive, self.tags)
+                self.pending += works
+                nbytes += sent
         comm.stats.record(comm.state.step, STALE, nbytes, exchanges=0)
         self.delivered, self.in_flight = self.in_flight, set()
 
@@ -243,34 +248,90 @@ class DisplacedBucket:
             self.put(channel, key, tensor)
 
 
-class SlotExchange:
-    """One layer's all-gather of an equal-sized piece per rank."""
+class _LayerExchange:
+    """What a layer's exchange does on each kind of step; subclasses say how pieces travel.
+
+    * synchronous: launch on the foreground group and wait (this step's data, exact);
+    * displaced, large piece: return what the previous step's transfer brought (waiting for it only if
+      it is still in flight), then launch this step's transfer on the background group into the
+      other buffer (double-buffered: the buffer being read is never the one being written);
+    * displaced, small piece: return what the previous call's bucket brought, put this step's piece
+      into this call's bucket.
+    """
 
     def __init__(self, comm: Communicator, key: str):
         self.comm, self.key = comm, key
-        self.latest: list[torch.Tensor] | None = None
+        self.latest = None
+        self.spare = None
+        self.pending: list = []
+
+    def _run(self, parts: tuple[torch.Tensor, ...], synchronous: bool, initial=None):
+        comm = self.comm
+        parts = tuple(p.contiguous() for p in parts)
+        if synchronous or (self.latest is None and initial is None):
+            self.drain()
+            received, works, nbytes = self._launch(parts, comm.ranks.group, None)
+            comm.stats.record(comm.state.step, SYNC, nbytes, comm.wait(works))
+            self.latest = received
+            return received
+        if sum(_nbytes(p) for p in parts) >= comm.bucket_limit_bytes:
+            wait_s = self.drain()
+            stale = self.latest if self.latest is not None else initial()
+            reuse = self.spare if self.latest is not None else None
+            received, self.pending, nbytes = self._launch(parts, comm.ranks.background, reuse)
+            self.spare, self.latest = (stale if self.latest is not None else None), received
+            comm.stats.record(comm.state.step, STALE, nbytes, wait_s)
+            return stale
+        bucket = comm.bucket()
+        stale = self._from_bucket(bucket)
+        if stale is None:
+            stale = self.latest if self.latest is not None else initial()
+        self._put(bucket, parts)
+        comm.stats.record(comm.state.step, STALE, 0)
+        return stale
+
+    def drain(self) -> float:
+        if not self.pending:
+            return 0.0
+        wait_s = self.comm.wait(self.pending)
+        self.pending = []
+        return wait_s
+
+    def _launch(self, parts, group, reuse):
+        """Start sending ``parts`` on ``group``; returns (receive buffers, works, bytes sent)."""
+        raise NotImplementedError
+
+    def _from_bucket(self, bucket: DisplacedBucket):
+        raise NotImplementedError
+
+    def _put(self, bucket: DisplacedBucket, parts) -> None:
+        raise NotImplementedError
+
+
+class SlotExchange(_LayerExchange):
+    """One layer's all-gather of an equal-sized piece per rank."""
 
     def gather(self, local: torch.Tensor, synchronous: bool) -> list[torch.Tensor]:
         """Every rank's piece: this step's if ``synchronous``, else the previous step's (own slot included).
 
         Callers replace their own slot with ``local`` and must not write into the returned tensors.
         """
-        comm = self.comm
-        if synchronous or self.latest is None:
-            local = local.contiguous()
-            slots = [torch.empty_like(local) for _ in range(comm.size)]
-            work = dist.all_gather(slots, local, group=comm.ranks.group, async_op=True)
-            comm.stats.record(comm.state.step, SYNC, _nbytes(local) * (comm.size - 1), comm.wait([work]))
-            self.latest = slots
-            return slots
-        bucket = comm.bucket()
-        stale = bucket.received("all", self.key) or self.latest
-        bucket.put("all", self.key, local)
-        comm.stats.record(comm.state.step, STALE, 0)
-        return stale
+        return self._run((local,), synchronous)
+
+    def _launch(self, parts, group, reuse):
+        (local,) = parts
+        slots = reuse if reuse is not None else [torch.empty_like(local) for _ in range(self.comm.size)]
+        work = dist.all_gather(slots, local, group=group, async_op=True)
+        return slots, [work], _nbytes(local) * (self.comm.size - 1)
+
+    def _from_bucket(self, bucket):
+        return bucket.received("all", self.key)
+
+    def _put(self, bucket, parts):
+        bucket.put("all", self.key, parts[0])
 
 
-class NeighbourExchange:
+class NeighbourExchange(_LayerExchange):
     """One layer's swap of boundary rows with the bands above and below (point-to-point).
 
     ``exchange(top, bottom)`` sends ``top`` to the band above and ``bottom`` to the band below, and
@@ -279,8 +340,8 @@ class NeighbourExchange:
     """
 
     def __init__(self, comm: Communicator, key: str, tag: int):
-        self.comm, self.key, self.tag = comm, key, tag
-        self.latest: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+        super().__init__(comm, key)
+        self.tag = tag
 
     def exchange(
         self,
@@ -291,42 +352,48 @@ class NeighbourExchange:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``initial`` supplies last step's rows when this exchange has not run before (e.g. after a
         warm-up that gathered everything another way), so a displaced step never waits."""
-        comm = self.comm
-        if synchronous or (self.latest is None and initial is None):
-            self.latest = self._swap_now(top.contiguous(), bottom.contiguous())
-            return self.latest
-        bucket = comm.bucket()
-        from_below, from_above = bucket.received("up", self.key), bucket.received("down", self.key)
-        if from_below is not None:
-            stale = (from_above[0] if comm.rank > 0 else None, from_below[0] if comm.rank < comm.size - 1 else None)
-        else:
-            stale = self.latest if self.latest is not None else initial()
-        bucket.put("up", self.key, top)
-        bucket.put("down", self.key, bottom)
-        comm.stats.record(comm.state.step, STALE, 0)
-        return stale
+        return self._run((top, bottom), synchronous, initial)
 
-    def _swap_now(self, top, bottom):
-        comm, ranks = self.comm, self.comm.ranks
-        above = torch.empty_like(top) if ranks.rank > 0 else None
-        below = torch.empty_like(bottom) if ranks.rank < ranks.size - 1 else None
-        ops, nbytes = [], 0
-        if above is not None:
-            peer = ranks.global_rank(ranks.rank - 1)
-            ops += [
-                dist.P2POp(dist.isend, top, peer, ranks.group, self.tag),
-                dist.P2POp(dist.irecv, above, peer, ranks.group, self.tag),
-            ]
-            nbytes += _nbytes(top)
-        if below is not None:
-            peer = ranks.global_rank(ranks.rank + 1)
-            ops += [
-                dist.P2POp(dist.isend, bottom, peer, ranks.group, self.tag),
-                dist.P2POp(dist.irecv, below, peer, ranks.group, self.tag),
-            ]
-            nbytes += _nbytes(bottom)
-        comm.stats.record(comm.state.step, SYNC, nbytes, comm.wait(dist.batch_isend_irecv(ops)))
-        return above, below
+    def _launch(self, parts, group, reuse):
+        top, bottom = parts
+        rank, size = self.comm.rank, self.comm.size
+        above, below = reuse if reuse is not None else (None, None)
+        above = above if above is not None or rank == 0 else torch.empty_like(top)
+        below = below if below is not None or rank == size - 1 else torch.empty_like(bottom)
+        works, nbytes = neighbour_swap(self.comm.ranks, group, (top, bottom), (above, below), (self.tag, self.tag))
+        return (above, below), works, nbytes
+
+    def _from_bucket(self, bucket):
+        from_below, from_above = bucket.received("up", self.key), bucket.received("down", self.key)
+        if from_below is None:
+            return None
+        rank, size = self.comm.rank, self.comm.size
+        return (from_above[0] if rank > 0 else None, from_below[0] if rank < size - 1 else None)
+
+    def _put(self, bucket, parts):
+        bucket.put("up", self.key, parts[0])
+        bucket.put("down", self.key, parts[1])
+
+
+def neighbour_swap(ranks: RankGroup, group, send: tuple, receive: tuple, tags: tuple[int, int]):
+    """Send ``send = (to_above, to_below)`` and receive ``receive = (from_above, from_below)``.
+
+    Rows go up with ``tags[0]`` and down with ``tags[1]``; the band at an image border skips the side
+    it has no neighbour on. Returns the works and the bytes this rank sent.
+    """
+    (to_above, to_below), (from_above, from_below) = send, receive
+    ops, nbytes = [], 0
+    if ranks.rank > 0:
+        peer = ranks.global_rank(ranks.rank - 1)
+        ops += [dist.P2POp(dist.isend, to_above, peer, group, tags[0])]
+        ops += [dist.P2POp(dist.irecv, from_above, peer, group, tags[1])]
+        nbytes += _nbytes(to_above)
+    if ranks.rank < ranks.size - 1:
+        peer = ranks.global_rank(ranks.rank + 1)
+        ops += [dist.P2POp(dist.isend, to_below, peer, group, tags[1])]
+        ops += [dist.P2POp(dist.irecv, from_below, peer, group, tags[0])]
+        nbytes += _nbytes(to_below)
+    return (dist.batch_isend_irecv(ops) if ops else []), nbytes
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

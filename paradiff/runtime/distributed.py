@@ -50,20 +50,27 @@ def ensure_process_group(timeout: timedelta) -> None:
 
 @dataclass
 class RankGroup:
-    """The ranks one strategy runs over: a process group, this rank's place in it, and its size."""
+    """The ranks one strategy runs over, this rank's place among them, and two process groups.
+
+    ``group`` carries what a rank waits for now (warm-up exchanges, the output gather);
+    ``background`` carries displaced transfers that are needed only next step, so a large one in
+    flight never delays the foreground (separate queues on gloo, separate streams on NCCL).
+    """
 
     group: dist.ProcessGroup
+    background: dist.ProcessGroup
     rank: int
     size: int
     timeout: timedelta
 
     @classmethod
     def world(cls, timeout: timedelta) -> RankGroup:
-        """A paradiff-owned group over the whole world, carrying ``timeout`` on every collective."""
+        """paradiff-owned groups over the whole world, carrying ``timeout`` on every collective."""
         ensure_process_group(timeout)
-        world = dist.get_world_size()
-        group = dist.new_group(ranks=list(range(world)), timeout=timeout)
-        return cls(group=group, rank=dist.get_rank(group), size=world, timeout=timeout)
+        ranks = list(range(dist.get_world_size()))
+        group = dist.new_group(ranks=ranks, timeout=timeout)
+        background = dist.new_group(ranks=ranks, timeout=timeout)
+        return cls(group=group, background=background, rank=dist.get_rank(group), size=len(ranks), timeout=timeout)
 
     def global_rank(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)
