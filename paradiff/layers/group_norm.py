@@ -35,16 +35,15 @@ class BandGroupNormHook(ModelHook):
         stats = torch.stack([local if r == comm.rank else s for r, s in enumerate(slots)])
         mean = stats[..., 0].mean(0)
         var = stats[..., 1].mean(0) + (stats[..., 0] - mean).square().mean(0)
-        # one fused pass: x * rstd - mean * rstd, per (sample, group); differentiable, in the input's dtype
-        rstd = torch.rsqrt(var + module.eps)
+        # normalization and affine in one fused pass: x * scale + shift, per (sample, channel)
+        per_group = hidden_states.shape[1] // module.num_groups
+        scale = torch.rsqrt(var + module.eps).repeat_interleave(per_group, dim=1)
+        shift = -mean.repeat_interleave(per_group, dim=1) * scale
+        if module.affine:
+            scale, shift = scale * module.weight, shift * module.weight + module.bias
+        shape = (batch, -1) + (1,) * (hidden_states.ndim - 2)
         dtype = hidden_states.dtype
-        grouped = hidden_states.reshape(batch, module.num_groups, -1)
-        normed = torch.addcmul((-mean * rstd)[..., None].to(dtype), grouped, rstd[..., None].to(dtype))
-        normed = normed.reshape(hidden_states.shape)
-        if not module.affine:
-            return normed
-        shape = (1, -1) + (1,) * (hidden_states.ndim - 2)
-        return torch.addcmul(module.bias.view(shape), normed, module.weight.view(shape))
+        return torch.addcmul(shift.to(dtype).view(shape), hidden_states, scale.to(dtype).view(shape))
 
 
 def _band_statistics(hidden_states: torch.Tensor, module: nn.GroupNorm) -> tuple[torch.Tensor, torch.Tensor]:
