@@ -101,8 +101,13 @@ def test_every_rank_reports_rank_and_world_size(pool2):
         assert info["master_addr"] == "127.0.0.1"
         assert info["threads"] == 1
     assert sorted(i["pid"] for i in infos) == sorted(pool2.pids)
-    # the worker bootstrap must not import the (slow) paradiff package; see the module docstring
-    assert not any(i["paradiff_imported"] for i in infos)
+
+
+def test_fresh_workers_do_not_import_paradiff(workers):
+    # the worker bootstrap must not import the paradiff package (the shared pools import it later,
+    # through the test modules' tasks, so this needs workers of its own)
+    with workers.RankPool(2) as pool:
+        assert not any(i["paradiff_imported"] for i in pool.run(_rank_info))
 
 
 def test_all_reduce_sums_across_ranks(pool2):
