@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--strategy", default="patch", choices=STRATEGY_NAMES)
     gen.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     gen.add_argument("--steps", type=int, default=20)
-    gen.add_argument("--size", type=int, default=256, help="height and width in pixels")
+    gen.add_argument("--size", type=int, default=512, help="height and width in pixels")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first")
     gen.add_argument("--out", default="paradiff.png")
