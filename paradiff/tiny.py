@@ -104,6 +104,21 @@ _SDXL_BLOCKS = {
     "up_block_types": ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
 }
 
+#: Structure shared by the "tiny" and "bench" configs of a family; the size configs add the dimensions.
+_FAMILY_STRUCTURE: dict[str, dict[str, Any]] = {
+    "sd": {},
+    "sdxl": dict(use_linear_projection=True, addition_embed_type="text_time", **_SDXL_BLOCKS),
+    "pixart": dict(
+        patch_size=2,
+        in_channels=4,
+        out_channels=8,  # learned sigma, as PixArt-Sigma
+        norm_type="ada_norm_single",
+        use_additional_conditions=False,
+    ),
+    "sd3": dict(patch_size=2, in_channels=16, out_channels=16),
+    "flux": dict(patch_size=1, in_channels=64, guidance_embeds=True),  # 16 latent channels packed 2x2
+}
+
 _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         # SD-1.x layout shrunk: conv proj_in/proj_out, 2 cross-attn levels + 1 plain level,
@@ -127,30 +142,19 @@ _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             cross_attention_dim=32,
             attention_head_dim=(2, 4, 4),
             transformer_layers_per_block=(1, 1, 2),
-            use_linear_projection=True,
-            addition_embed_type="text_time",
             addition_time_embed_dim=8,
             projection_class_embeddings_input_dim=16 + 6 * 8,  # pooled width 16
-            **_SDXL_BLOCKS,
         ),
         "pixart": dict(
             sample_size=8,
-            patch_size=2,
-            in_channels=4,
-            out_channels=8,  # learned sigma, as PixArt-Sigma
             num_layers=2,
             num_attention_heads=2,
             attention_head_dim=16,
             cross_attention_dim=32,
             caption_channels=32,
-            norm_type="ada_norm_single",
-            use_additional_conditions=False,
         ),
         "sd3": dict(
             sample_size=8,
-            patch_size=2,
-            in_channels=16,
-            out_channels=16,
             num_layers=2,
             num_attention_heads=2,
             attention_head_dim=16,
@@ -160,8 +164,6 @@ _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             pos_embed_max_size=32,  # enough for up to 512x512 pixels
         ),
         "flux": dict(
-            patch_size=1,
-            in_channels=64,  # 16 latent channels packed 2x2
             num_layers=1,
             num_single_layers=1,
             num_attention_heads=2,
@@ -169,7 +171,6 @@ _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             axes_dims_rope=(4, 6, 6),
             joint_attention_dim=32,
             pooled_projection_dim=16,
-            guidance_embeds=True,
         ),
     },
     "bench": {
@@ -193,32 +194,21 @@ _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             cross_attention_dim=1024,
             attention_head_dim=(2, 4, 8),  # head dim 32
             transformer_layers_per_block=(1, 1, 2),
-            use_linear_projection=True,
-            addition_embed_type="text_time",
             addition_time_embed_dim=256,
             projection_class_embeddings_input_dim=512 + 6 * 256,  # pooled width 512
-            **_SDXL_BLOCKS,
         ),
         # 12 blocks, hidden 384 (6 heads x 64), T5-XXL caption width: 31,273,376 parameters.
         "pixart": dict(
             sample_size=64,
-            patch_size=2,
-            in_channels=4,
-            out_channels=8,
             num_layers=12,
             num_attention_heads=6,
             attention_head_dim=64,
             cross_attention_dim=384,
             caption_channels=4096,
-            norm_type="ada_norm_single",
-            use_additional_conditions=False,
         ),
         # 6 joint blocks, hidden 384: 33,098,560 parameters.
         "sd3": dict(
             sample_size=64,
-            patch_size=2,
-            in_channels=16,
-            out_channels=16,
             num_layers=6,
             num_attention_heads=6,
             attention_head_dim=64,
@@ -229,8 +219,6 @@ _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
         ),
         # 3 double-stream + 6 single-stream blocks, hidden 384: 32,112,448 parameters.
         "flux": dict(
-            patch_size=1,
-            in_channels=64,
             num_layers=3,
             num_single_layers=6,
             num_attention_heads=6,
@@ -238,7 +226,6 @@ _DENOISER_CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
             axes_dims_rope=(16, 24, 24),
             joint_attention_dim=4096,
             pooled_projection_dim=768,
-            guidance_embeds=True,
         ),
     },
 }
@@ -391,7 +378,7 @@ def build_pipeline(family: str, size: str = "tiny", seed: int = 0, scheduler: st
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        denoiser = _finish(_DENOISER_CLASSES[family](**_DENOISER_CONFIGS[size][family]))
+        denoiser = _finish(_DENOISER_CLASSES[family](**_FAMILY_STRUCTURE[family], **_DENOISER_CONFIGS[size][family]))
         vae = _finish(_make_vae(family, size))
 
     if family == "sd":
