@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..errors import ParadiffError
 from .distributed import RankGroup
 
 
@@ -35,6 +36,7 @@ def agreed_seed(ranks: RankGroup) -> int:
 def agree_on_noise(kwargs: dict, ranks: RankGroup) -> dict:
     """``kwargs`` of a pipeline call with generator and latents made identical on every rank."""
     kwargs = dict(kwargs)
+    _check_same_noise_arguments(kwargs, ranks)
     generator = kwargs.get("generator")
     if generator is None:
         kwargs["generator"] = torch.Generator("cpu").manual_seed(agreed_seed(ranks))
@@ -44,3 +46,19 @@ def agree_on_noise(kwargs: dict, ranks: RankGroup) -> dict:
     if isinstance(kwargs.get("latents"), torch.Tensor):
         kwargs["latents"] = broadcast_from_first(kwargs["latents"], ranks)
     return kwargs
+
+
+def _check_same_noise_arguments(kwargs: dict, ranks: RankGroup) -> None:
+    """Every rank must pass (or omit) the same kinds of noise arguments, or the agreement would not match."""
+    generator = kwargs.get("generator")
+    count = len(generator) if isinstance(generator, (list, tuple)) else int(generator is not None)
+    mine = torch.tensor([count, int(isinstance(kwargs.get("latents"), torch.Tensor))], dtype=torch.int64)
+    device = _comm_device(ranks)
+    everyone = [torch.empty_like(mine, device=device) for _ in range(ranks.size)]
+    dist.all_gather(everyone, mine.to(device), group=ranks.group)
+    if any(not torch.equal(other.cpu(), mine) for other in everyone):
+        seen = [other.tolist() for other in everyone]
+        raise ParadiffError(
+            f"ranks disagree on the noise arguments ([generators, latents given] per rank: {seen}); "
+            "pass the same generator and latents arguments on every rank, or none"
+        )
