@@ -23,6 +23,7 @@ from .runtime.comm import Communicator
 from .runtime.distributed import RankGroup, env_world_size, local_device
 from .runtime.step_state import StepState
 from .strategies import STRATEGIES, PatchStrategy
+from .strategies.patch import InstalledPatch
 
 DENOISER_ATTRIBUTES = ("transformer", "unet")
 
@@ -32,7 +33,7 @@ class ParallelPart:
     """One module run in parallel (the denoiser, the VAE decoder) with its step state and counters."""
 
     comm: Communicator
-    installed: object
+    installed: InstalledPatch
 
     def begin_run(self) -> None:
         self.comm.state.begin_run()
@@ -46,7 +47,7 @@ class ParallelState:
     config: ParallelConfig
     original_class: type
     denoiser: nn.Module
-    strategy: object
+    strategy: PatchStrategy
     denoiser_part: ParallelPart
     decoder_part: ParallelPart | None
 
