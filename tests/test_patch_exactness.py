@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from patch_cases import banded_decode, parallel_vs_one_device, resolution_change
+from patch_cases import banded_decode, half_precision, parallel_vs_one_device, resolution_change
 
 TOLERANCE = 1e-4
 
@@ -58,3 +58,17 @@ def test_vae_decode_banded_or_whole(pool2):
     for banded, whole in zip(pool2.run(banded_decode, 8), pool2.run(banded_decode, 9), strict=True):
         assert banded["max_error"] <= TOLERANCE and banded["bytes_sent"] > 0
         assert whole["max_error"] == 0.0 and whole["bytes_sent"] == 0  # 9 rows: not split, run whole
+
+
+@pytest.mark.parametrize(("family", "tolerance"), [("sd", 0.2), ("flux", 0.05)])
+def test_bfloat16_stays_bfloat16(pool2, family, tolerance):
+    """bf16 models exchange bf16 (half of fp32's bytes) and stay near the one-device bf16 image.
+
+    bf16 round-off differs between a band and the whole image and compounds over the steps, so the
+    bound is loose; a wrong dtype or layout would be far off.
+    """
+    full = pool2.run(half_precision, family, "float32")[0]
+    half = pool2.run(half_precision, family, "bfloat16")[0]
+    assert 0.45 < half["bytes_per_step"] / full["bytes_per_step"] <= 0.55
+    assert full["max_error"] <= TOLERANCE
+    assert half["max_error"] < tolerance
