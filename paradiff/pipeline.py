@@ -9,6 +9,7 @@ attribute access behave as before, and ``unparallelize`` restores the original c
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -57,7 +58,7 @@ class ParallelState:
 
     def call(self, pipe, stock_call, args: tuple, kwargs: dict):
         comm = self.denoiser_part.comm
-        if kwargs.get("height"):
+        if kwargs.get("height") and not _may_resize(stock_call, kwargs):
             self.strategy.check_height(self.denoiser, comm, kwargs["height"], _vae_scale_factor(pipe))
         kwargs = agree_on_noise(kwargs, comm.ranks)
         for part in self.parts:
@@ -94,6 +95,15 @@ def find_denoiser(pipe) -> nn.Module:
         f"{type(pipe).__name__} has no denoiser attribute ({' or '.join(DENOISER_ATTRIBUTES)}); "
         "paradiff parallelizes diffusers pipelines built around a U-Net or a transformer"
     )
+
+
+def _may_resize(stock_call, kwargs: dict) -> bool:
+    """Whether the pipeline may change the requested size itself (PixArt's resolution binning).
+
+    Then only the denoiser's own check, on the size it really gets, can tell whether the bands align.
+    """
+    binning = inspect.signature(stock_call).parameters.get("use_resolution_binning")
+    return binning is not None and kwargs.get("use_resolution_binning", binning.default) is True
 
 
 def _vae_scale_factor(pipe) -> int:

@@ -215,3 +215,12 @@ def half_precision(family: str, dtype_name: str) -> dict:
     stats = paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
     return {"max_error": float(np.abs(parallel - reference).max()), "bytes_per_step": stats["bytes_per_step"]}
+
+
+def binned_height(height: int) -> dict:
+    """PixArt bins the requested size itself: a height it bins to an aligned one works."""
+    pipe = paradiff.parallelize(build_pipeline("pixart", size="bench"), warmup_steps=1)
+    inputs = {**prompt_inputs(pipe, "pixart"), "use_resolution_binning": True}
+    images = generate(pipe, inputs, height, 1)
+    paradiff.unparallelize(pipe)
+    return {"shape": images.shape}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from patch_cases import disagreeing_generators, expect_error
+from patch_cases import binned_height, disagreeing_generators, expect_error
 
 import paradiff
 from paradiff import ParadiffError
@@ -97,3 +97,9 @@ def test_errors_on_every_rank(pool2, family, action, message):
 def test_ranks_that_disagree_on_the_generator_fail_together(pool2):
     for text in pool2.run(disagreeing_generators):
         assert "ranks disagree on the noise arguments ([generators, latents given] per rank: [[1, 0], [0, 0]])" in text
+
+
+def test_resolution_binning_is_left_to_the_pipeline(pool2):
+    # 264 px is not a multiple of 32 (8 VAE x 2 patch x 2 ranks), but PixArt bins it to 256 first
+    for result in pool2.run(binned_height, 264):
+        assert result["shape"][1:3] == (264, 264)  # the pipeline resizes its output back
