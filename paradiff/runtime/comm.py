@@ -164,8 +164,6 @@ class DisplacedBucket:
     the kernels already queued).
     """
 
-    CHANNELS = ("all", "up", "down")
-
     def __init__(self, comm: Communicator, tag: int):
         self.comm, self.tags = comm, (tag, tag + 1)
         self.layout: dict[tuple[str, str], tuple[torch.dtype, int, torch.Size]] | None = None
@@ -267,9 +265,9 @@ class _LayerExchange:
 
     def _run(self, parts: tuple[torch.Tensor, ...], synchronous: bool, initial=None):
         comm = self.comm
-        parts = tuple(p.contiguous() for p in parts)
         if synchronous or (self.latest is None and initial is None):
             self.drain()
+            parts = tuple(p.contiguous() for p in parts)
             received, works, nbytes = self._launch(parts, comm.ranks.group, None)
             comm.stats.record(comm.state.step, SYNC, nbytes, comm.wait(works))
             self.latest = received
@@ -278,6 +276,7 @@ class _LayerExchange:
             wait_s = self.drain()
             stale = self.latest if self.latest is not None else initial()
             reuse = self.spare if self.latest is not None else None
+            parts = tuple(p.contiguous() for p in parts)
             received, self.pending, nbytes = self._launch(parts, comm.ranks.background, reuse)
             self.spare, self.latest = (stale if self.latest is not None else None), received
             comm.stats.record(comm.state.step, STALE, nbytes, wait_s)

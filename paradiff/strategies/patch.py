@@ -85,7 +85,7 @@ class PatchStrategy:
             if processor is not None:
                 processors.append((attn, processor))
                 continue
-            if getattr(attn, "fused_projections", False) or not hasattr(attn.to_k, "forward"):
+            if getattr(attn, "fused_projections", False):
                 raise ParadiffError(
                     f"attention '{name}' uses fused QKV projections, which the patch strategy cannot split; "
                     "call unfuse_qkv_projections() on the pipeline first"
