@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import sys
 import time
@@ -15,9 +13,7 @@ from pathlib import Path
 from .config import STRATEGY_NAMES
 from .errors import ParadiffError
 from .launch import run_on_ranks
-
-BUILTIN_MODELS = {"builtin-sd": "sd", "builtin-pixart": "pixart"}
-DEFAULT_MODEL = "builtin-sd"
+from .loading import DEFAULT_MODEL, MODEL_NAMES, check_model, load_pipeline, prompt_kwargs
 
 
 @dataclass(frozen=True)
@@ -35,42 +31,6 @@ class GenerateJob:
     threads: int
 
 
-def load_pipeline(model: str):
-    """A built-in pipeline (random weights, built offline) or ``from_pretrained`` on a folder or hub id."""
-    if model in BUILTIN_MODELS:
-        from .tiny import build_pipeline
-
-        return build_pipeline(BUILTIN_MODELS[model], size="bench")
-    from diffusers import DiffusionPipeline
-
-    try:
-        return DiffusionPipeline.from_pretrained(model, **_absent_components(model))
-    except (OSError, ValueError) as error:
-        raise ParadiffError(
-            f"cannot load model {model!r} ({error}); pass a local pipeline folder, a hub id, "
-            f"or one of {', '.join(BUILTIN_MODELS)}"
-        ) from error
-
-
-def _absent_components(model: str) -> dict:
-    """Components a local pipeline folder saved as absent (``[null, null]``): passed as None to load."""
-    index = Path(model) / "model_index.json"
-    if not index.is_file():
-        return {}
-    entries = json.loads(index.read_text())
-    return {name: None for name, value in entries.items() if isinstance(value, list) and value[0] is None}
-
-
-def _prompt_inputs(pipe, job: GenerateJob) -> dict:
-    if job.model not in BUILTIN_MODELS:
-        return {"prompt": job.prompt}
-    from .tiny import prompt_inputs
-
-    # The built-in models have no text encoder yet: the prompt seeds their conditioning embeddings.
-    prompt_seed = int.from_bytes(hashlib.sha256(job.prompt.encode()).digest()[:4], "little")
-    return prompt_inputs(pipe, BUILTIN_MODELS[job.model], seed=prompt_seed)
-
-
 def _generate_on_rank(job: GenerateJob) -> dict:
     import torch
     import torch.distributed as dist
@@ -85,7 +45,7 @@ def _generate_on_rank(job: GenerateJob) -> dict:
     rank = dist.get_rank() if dist.is_initialized() else 0
     pipe = load_pipeline(job.model)
     pipe.set_progress_bar_config(disable=rank != 0)
-    inputs = _prompt_inputs(pipe, job)
+    inputs = prompt_kwargs(pipe, job.model, job.prompt)
 
     def generate():
         start = time.perf_counter()
@@ -130,11 +90,7 @@ def _check_job(job: GenerateJob) -> None:
     out_dir = Path(job.out).resolve().parent
     if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
         raise ParadiffError(f"cannot write {job.out}: folder {out_dir} does not exist or is not writable")
-    if job.model not in BUILTIN_MODELS and not Path(job.model).is_dir() and job.model.count("/") != 1:
-        raise ParadiffError(
-            f"unknown model {job.model!r}; pass a local pipeline folder, a hub id (owner/name), "
-            f"or one of {', '.join(BUILTIN_MODELS)}"
-        )
+    check_model(job.model)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -172,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate an image on N ranks and report the speedup")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(BUILTIN_MODELS)}, a folder or a hub id")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
     gen.add_argument("--strategy", default="patch", choices=STRATEGY_NAMES)
     gen.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     gen.add_argument("--steps", type=int, default=20)

@@ -8,14 +8,15 @@ import sys
 import pytest
 from PIL import Image
 
-from paradiff.cli import load_pipeline, main
+from paradiff.cli import main
+from paradiff.loading import load_pipeline
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 
 @pytest.mark.timeout(300)
 def test_generate_on_two_ranks(tmp_path):
     out = tmp_path / "circle.png"
-    command = [sys.executable, "-m", "paradiff.cli", "generate", "a red circle", "--size", "128", "--steps", "3"]
+    command = [sys.executable, "-m", "paradiff.cli", "generate", "a red circle", "--model", "random-sd", "--size", "128", "--steps", "3"]
     done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     with Image.open(out) as image:
