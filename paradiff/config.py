@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from .errors import ParadiffError
 
-STRATEGY_NAMES = ("patch",)
+STRATEGY_NAMES = ("patch", "cfg", "ulysses", "ring")
+
+#: What runs together, and on how many ranks; named by every error about a combination.
+SUPPORTED_COMBINATIONS = (
+    "strategy='patch', 'ulysses' or 'ring' (world = its degree), strategy='cfg' (world = 2), "
+    "strategy='patch', 'ulysses' or 'ring' with cfg_parallel=True (world = 2 × its degree)"
+)
 
 
 @dataclass(frozen=True)
@@ -15,7 +21,9 @@ class ParallelConfig:
     """How a pipeline is parallelized.
 
     Attributes:
-        strategy: ``"patch"`` (displaced patch parallelism, DistriFusion).
+        strategy: ``"patch"`` (displaced patch parallelism, DistriFusion), ``"cfg"`` (the two halves
+            of the batch, CFG's unconditional and conditional ones, on two ranks; exact), or
+            ``"ulysses"`` / ``"ring"`` (exact sequence parallelism, diffusers' own context parallelism).
         warmup_steps: the first step and this many more exchange fresh activations (exact); later
             steps reuse the other ranks' activations from the previous step. A value at least the
             number of inference steps reproduces the one-device result.
@@ -28,6 +36,9 @@ class ParallelConfig:
             on their own as soon as they exist (a whole step to arrive behind the compute).
         parallel_vae: decode the image in row bands on all ranks (exact) instead of whole on each.
         timeout_s: every collective fails after this many seconds instead of hanging.
+        cfg_parallel: split every denoiser call's batch into its two CFG halves, run on two groups of
+            ranks, and run ``strategy`` within each group (world = 2 × the strategy's degree).
+            ``strategy="cfg"`` is this split alone, so it sets ``cfg_parallel`` itself.
     """
 
     strategy: str = "patch"
@@ -36,6 +47,7 @@ class ParallelConfig:
     bucket_limit_bytes: int = 256 * 1024
     parallel_vae: bool = True
     timeout_s: float = 600.0
+    cfg_parallel: bool = False
 
     def __post_init__(self):
         if self.strategy not in STRATEGY_NAMES:
@@ -48,6 +60,37 @@ class ParallelConfig:
             raise ParadiffError(f"bucket_limit_bytes must be >= 0, got {self.bucket_limit_bytes!r}")
         if self.timeout_s <= 0:
             raise ParadiffError(f"timeout_s must be positive, got {self.timeout_s!r}")
+        if not isinstance(self.cfg_parallel, bool):
+            raise ParadiffError(f"cfg_parallel must be True or False, got {self.cfg_parallel!r}")
+        if self.strategy != "patch" and self.partial_context is not None:
+            raise ParadiffError(
+                f"partial_context is an option of the patch strategy and strategy='{self.strategy}' has no row "
+                f"bands; supported: {SUPPORTED_COMBINATIONS}"
+            )
+        if self.strategy == "cfg":
+            object.__setattr__(self, "cfg_parallel", True)  # the cfg split alone: redundant to ask for it twice
+
+    def degrees(self, world_size: int) -> tuple[int, int]:
+        """``(cfg groups, ranks per group)`` for ``world_size`` ranks, checked before any collective.
+
+        Without ``cfg_parallel``: ``(1, world_size)``. With it: ``(2, world_size // 2)``, the strategy
+        running over each group's ranks (one rank: the cfg split alone).
+        """
+        if not self.cfg_parallel:
+            return 1, world_size
+        if world_size % 2:
+            even = " or ".join(str(n) for n in (world_size - 1, world_size + 1) if n >= 2)
+            raise ParadiffError(
+                f"cfg_parallel needs an even world size, got {world_size}: the two CFG halves run on two equal "
+                f"groups of ranks; launch {even} ranks (supported: {SUPPORTED_COMBINATIONS})"
+            )
+        if self.strategy == "cfg" and world_size != 2:
+            raise ParadiffError(
+                f"strategy='cfg' runs the two CFG halves on 2 ranks, got a world of {world_size}; launch 2 ranks, "
+                f"or use strategy='patch' with cfg_parallel=True to run patch on {world_size // 2} ranks per half "
+                f"(supported: {SUPPORTED_COMBINATIONS})"
+            )
+        return 2, world_size // 2
 
     @classmethod
     def from_options(cls, strategy: str, options: dict) -> ParallelConfig:

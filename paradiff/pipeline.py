@@ -5,6 +5,15 @@ The pipeline keeps its own ``__call__`` loop (CFG combine, scheduler, callbacks,
 subclass of its own class whose ``__call__`` resets the step state, makes the starting noise agree
 across ranks and then calls the stock ``__call__``. No class is modified; ``isinstance`` checks and
 attribute access behave as before, and ``unparallelize`` restores the original class.
+
+With a CFG split the ranks form a 2 × D mesh (``runtime/mesh.py``): the strategy runs over the D
+ranks of each batch half, the split's hook wraps it. The VAE decode is banded over all 2·D ranks:
+every rank holds the same final latent, so the whole world can share the decode, and the cfg split
+alone (which has no row bands) gets a parallel decode too.
+
+Every strategy that runs within a batch half follows one protocol (``paradiff.strategies``): the
+sequence strategies (``ulysses``, ``ring``) hand the denoiser to diffusers' own context parallelism,
+the VAE banding and the noise agreement around it are the same as for ``patch``.
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ from .config import ParallelConfig
 from .errors import ParadiffError
 from .models import decoder_family_of, family_of
 from .runtime.agree import agree_on_noise
-from .runtime.comm import Communicator
+from .runtime.comm import CommStats, Communicator
 from .runtime.distributed import RankGroup, env_world_size, local_device
+from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
-from .strategies import STRATEGIES, PatchStrategy
+from .strategies import STRATEGIES, CfgStrategy, PatchStrategy, SequenceStrategy
+from .strategies.cfg import InstalledCfg
 from .strategies.patch import InstalledPatch
+from .strategies.sequence import InstalledSequence
 
 DENOISER_ATTRIBUTES = ("transformer", "unet")
 
@@ -34,7 +46,7 @@ class ParallelPart:
     """One module run in parallel (the denoiser, the VAE decoder) with its step state and counters."""
 
     comm: Communicator
-    installed: InstalledPatch
+    installed: InstalledPatch | InstalledCfg | InstalledSequence
 
     def begin_run(self) -> None:
         self.comm.state.begin_run()
@@ -48,19 +60,24 @@ class ParallelState:
     config: ParallelConfig
     original_class: type
     denoiser: nn.Module
-    strategy: PatchStrategy
-    denoiser_part: ParallelPart
+    world: RankGroup
+    #: The strategy within each batch half and its part; None for the cfg split alone.
+    strategy: PatchStrategy | SequenceStrategy | None
+    strategy_part: ParallelPart | None
+    cfg_part: ParallelPart | None
     decoder_part: ParallelPart | None
 
     @property
     def parts(self) -> list[ParallelPart]:
-        return [part for part in (self.denoiser_part, self.decoder_part) if part is not None]
+        """Installed parts, in installation order."""
+        parts = (self.strategy_part, self.cfg_part, self.decoder_part)
+        return [part for part in parts if part is not None]
 
     def call(self, pipe, stock_call, args: tuple, kwargs: dict):
-        comm = self.denoiser_part.comm
-        if kwargs.get("height") and not _may_resize(stock_call, kwargs):
+        if self.strategy is not None and kwargs.get("height") and not _may_resize(stock_call, kwargs):
+            comm = self.strategy_part.comm
             self.strategy.check_height(self.denoiser, comm, kwargs["height"], _vae_scale_factor(pipe))
-        kwargs = agree_on_noise(kwargs, comm.ranks)
+        kwargs = agree_on_noise(kwargs, self.world)
         for part in self.parts:
             part.begin_run()
         try:
@@ -123,23 +140,34 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     denoiser = find_denoiser(pipe)
     family = family_of(denoiser)
-    strategy_impl = STRATEGIES[config.strategy](partial_context=config.partial_context)
-    if env_world_size() == 1:
+    world_size = env_world_size()
+    if world_size == 1:
         return pipe
-    ranks = RankGroup.world(timedelta(seconds=config.timeout_s))
+    cfg, degree = config.degrees(world_size)  # before any collective: a bad world fails on every rank
+    strategy_cls = STRATEGIES[config.strategy]
+    if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
+        strategy_cls.check_model(denoiser, family, degree)
+    groups = build_mesh(cfg, degree, timedelta(seconds=config.timeout_s))
     device = local_device()
     if device.type == "cuda" and denoiser.device != device:
         pipe.to(device)
     scale = _vae_scale_factor(pipe)
-    comm = Communicator(ranks, StepState(config.warmup_steps), config.bucket_limit_bytes)
-    denoiser_part = ParallelPart(comm, strategy_impl.install(denoiser, family, comm, scale))
-    decoder_part = None
+    strategy_impl = strategy_part = cfg_part = decoder_part = None
+    if groups.strategy is not None:
+        strategy_impl = strategy_cls.create(config, groups)
+        comm = Communicator(groups.strategy, StepState(config.warmup_steps), config.bucket_limit_bytes)
+        strategy_part = ParallelPart(comm, strategy_impl.install(denoiser, family, comm, scale))
+    if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
+        exact = Communicator(groups.cfg, StepState(warmup_steps=sys.maxsize))
+        cfg_part = ParallelPart(exact, CfgStrategy().install(denoiser, family, exact))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     decoder_family = decoder_family_of(decoder) if config.parallel_vae and decoder is not None else None
     if decoder_family is not None:
-        exact = Communicator(ranks, StepState(warmup_steps=sys.maxsize))
+        exact = Communicator(groups.world, StepState(warmup_steps=sys.maxsize))
         decoder_part = ParallelPart(exact, PatchStrategy().install(decoder, decoder_family, exact, scale))
-    pipe._paradiff = ParallelState(config, type(pipe), denoiser, strategy_impl, denoiser_part, decoder_part)
+    pipe._paradiff = ParallelState(
+        config, type(pipe), denoiser, groups.world, strategy_impl, strategy_part, cfg_part, decoder_part
+    )
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
 
@@ -149,7 +177,7 @@ def unparallelize(pipe):
     state = getattr(pipe, "_paradiff", None)
     if not isinstance(state, ParallelState):
         return pipe
-    for part in state.parts:
+    for part in reversed(state.parts):
         part.comm.state.begin_run()
         part.installed.remove()
     pipe.__class__ = state.original_class
@@ -158,11 +186,15 @@ def unparallelize(pipe):
 
 
 def comm_stats(pipe) -> dict:
-    """Communication counters of the last ``pipe(...)`` call: bytes per step, waits, exchange counts."""
+    """Communication counters of the last ``pipe(...)`` call: bytes per step, waits, exchange counts.
+
+    The denoiser's counters include the cfg split's output gathers (``cfg_gathers``, their bytes and waits).
+    """
     state = getattr(pipe, "_paradiff", None)
     if not isinstance(state, ParallelState):
         raise ParadiffError("this pipeline is not parallelized")
-    summary = state.denoiser_part.comm.stats.summary()
+    denoiser_parts = [part for part in (state.strategy_part, state.cfg_part) if part is not None]
+    summary = CommStats.combined(*(part.comm.stats for part in denoiser_parts)).summary()
     if state.decoder_part is not None:
         summary["vae_decode_bytes"] = state.decoder_part.comm.stats.total().bytes_sent
     return summary

@@ -12,7 +12,7 @@ from ..runtime.comm import Communicator
 from ..runtime.step_state import RowPartition
 
 
-class _CallContextName(StateManager):
+class CallContextName(StateManager):
     """Receives the name diffusers' ``model.cache_context(name)`` sets on stateful hooks."""
 
     def __init__(self):
@@ -47,7 +47,7 @@ class BandSplitHook(ModelHook):
     def __init__(self, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int):
         super().__init__()
         self.family, self.comm, self.vae_scale_factor = family, comm, vae_scale_factor
-        self.context = _CallContextName()
+        self.context = CallContextName()
 
     def pre_forward(self, module, *args, **kwargs):
         family, state = self.family, self.comm.state
@@ -69,7 +69,7 @@ class BandSplitHook(ModelHook):
     def post_forward(self, module, output):
         if self.family.output_module is not None or self.comm.state.partition is None:
             return output
-        return _replace_sample(output, self.comm.end_call(_sample(output), self.family.output_dim))
+        return replace_output_sample(output, self.comm.end_call(output_sample(output), self.family.output_dim))
 
     def reset_state(self, module):
         return module
@@ -98,13 +98,15 @@ class TokenGatherHook(ModelHook):
         return self.comm.end_call(output, dim=1)
 
 
-def _sample(output):
+def output_sample(output):
+    """The noise prediction in a denoiser's output (a tensor, a ``return_dict=False`` tuple or an output object)."""
     if isinstance(output, torch.Tensor):
         return output
     return output[0] if isinstance(output, tuple) else output.sample
 
 
-def _replace_sample(output, sample):
+def replace_output_sample(output, sample):
+    """``output`` with its noise prediction replaced by ``sample``, in the same form."""
     if isinstance(output, torch.Tensor):
         return sample
     if isinstance(output, tuple):

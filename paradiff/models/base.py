@@ -35,6 +35,10 @@ class DenoiserFamily:
     timestep_arg: str = "timestep"
     #: Name of the forward argument that holds the noisy latent.
     latent_arg: str = "hidden_states"
+    #: Tensor arguments whose first dimension is not the batch. A CFG split cuts every other tensor
+    #: whose first dimension equals the latent's batch (also inside lists and dicts), so that extra
+    #: conditioning (ControlNet residuals, SDXL's ``added_cond_kwargs``) is cut without a list per model.
+    unbatched_args: tuple[str, ...] = ()
     #: Submodule whose output is the image token sequence, sliced to the rank's rows; None: the
     #: family slices the denoiser's inputs itself (:meth:`split_inputs`).
     token_module: str | None = None
@@ -71,6 +75,25 @@ class DenoiserFamily:
             for name, module in model.named_modules()
             if hasattr(module, "to_k") and hasattr(module, "is_cross_attention") and not module.is_cross_attention
         ]
+
+    # Exact sequence parallelism through diffusers' context parallelism (strategies "ulysses", "ring").
+
+    #: Whether the family can run under diffusers' context parallelism.
+    context_parallel: bool = False
+    #: Forward argument whose tokens the context-parallel plan splits besides the image's (joint
+    #: attention: text and image tokens attend to each other); None: text stays whole on every rank.
+    context_parallel_text_arg: str | None = None
+
+    def context_parallel_plan(self, model: nn.Module) -> dict | None:
+        """diffusers' plan (module name → where the sequence is split or gathered); None: this diffusers has none."""
+        return None
+
+    def context_parallel_processors(self, model: nn.Module) -> list[tuple[nn.Module, object]]:
+        """``(attention layer, processor)`` to install first: layers whose processor would attend to local tokens only.
+
+        Raises :class:`ParadiffError` for a processor that cannot run under diffusers' context parallelism.
+        """
+        return []
 
     def displaced_processor(self, attn: nn.Module, kv_factory):
         """A processor that completes K/V itself (rotary models); None: hook ``to_k``/``to_v`` instead."""

@@ -3,17 +3,33 @@
 The patch embedding runs on the whole latent (so positions are right), its token output is cut to
 the rank's rows, and the projection before un-patchifying is gathered back to the full sequence.
 Joint attention (SD3) keeps the text tokens on every rank: only the image K/V are completed.
+
+Under diffusers' context parallelism (``ulysses``/``ring``) the same two places split and gather the
+image tokens (diffusers ships no ``_cp_plan`` for these classes, so the plan is declared here).
+PixArt's cross-attention runs on each rank's own queries against the whole prompt, which is exact
+without any exchange; SD3's joint attention mixes text and image, so its text tokens are split too.
 """
 
 from __future__ import annotations
 
+from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
 from .base import DenoiserFamily, Grid
+from .cp_attention import ContextParallelAttnProcessor, ContextParallelJointAttnProcessor
+
+#: Split a module's single ``(batch, tokens, channels)`` output along the tokens.
+_SPLIT_TOKENS = {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)}
 
 
 class PatchEmbedDiTFamily(DenoiserFamily):
     token_module = "pos_embed"
     output_module = "proj_out"
     output_dim = 1
+    context_parallel = True
+    #: Module whose output is the text token sequence, split under context parallelism; None: kept whole.
+    text_module: str | None = None
+    #: Processor that runs this family's image-mixing attention under context parallelism.
+    context_parallel_processor = ContextParallelAttnProcessor
 
     def grid(self, model, latent, inputs):
         patch = model.config.patch_size
@@ -21,6 +37,19 @@ class PatchEmbedDiTFamily(DenoiserFamily):
 
     def pixels_per_row(self, model, vae_scale_factor):
         return vae_scale_factor * model.config.patch_size
+
+    def context_parallel_plan(self, model):
+        plan = {
+            self.token_module: _SPLIT_TOKENS,
+            self.output_module: ContextParallelOutput(gather_dim=1, expected_dims=3),
+        }
+        if self.text_module:
+            plan[self.text_module] = _SPLIT_TOKENS
+        return plan
+
+    def context_parallel_processors(self, model):
+        replace = self.context_parallel_processor.replacing
+        return [(attn, replace(name, attn)) for name, attn in self.self_attention(model)]
 
 
 class PixArtFamily(PatchEmbedDiTFamily):
@@ -31,3 +60,6 @@ class PixArtFamily(PatchEmbedDiTFamily):
 class SD3Family(PatchEmbedDiTFamily):
     name = "sd3"
     class_names = ("SD3Transformer2DModel",)
+    text_module = "context_embedder"
+    context_parallel_text_arg = "encoder_hidden_states"
+    context_parallel_processor = ContextParallelJointAttnProcessor

@@ -5,6 +5,11 @@ the image K/V can only be completed after the rotation: :class:`DisplacedFluxAtt
 the stock processor's steps (diffusers' own projection, norm, rotary and attention-dispatch helpers)
 and completes the image part of K/V just before attention. The rotary table is sliced with the
 image ids, so each rank's tokens keep their true positions.
+
+Under diffusers' context parallelism (``ulysses``/``ring``) Flux runs as diffusers ships it: the
+class's own ``_cp_plan`` (text and image tokens and their ids split at the input, ``proj_out``
+gathered) and the stock ``FluxAttnProcessor``, which already routes attention through diffusers'
+dispatcher.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ class FluxFamily(DenoiserFamily):
     name = "flux"
     class_names = ("FluxTransformer2DModel",)
     output_dim = 1
+    #: Token positions, ``(tokens, 3)``: their length may equal the batch by chance, so never cut them.
+    unbatched_args = ("img_ids", "txt_ids")
+    context_parallel = True
+    context_parallel_text_arg = "encoder_hidden_states"
 
     def grid(self, model, latent, inputs):
         ids = _image_ids(inputs)
@@ -46,6 +55,19 @@ class FluxFamily(DenoiserFamily):
 
     def self_attention(self, model):
         return [(name, m) for name, m in model.named_modules() if isinstance(m, FluxAttention)]
+
+    def context_parallel_plan(self, model):
+        return getattr(type(model), "_cp_plan", None)
+
+    def context_parallel_processors(self, model):
+        for name, attn in self.self_attention(model):
+            if type(attn.processor) is not FluxAttnProcessor:
+                raise ParadiffError(
+                    f"Flux attention '{name}' uses {type(attn.processor).__name__}, which sequence parallelism "
+                    "cannot run; supported: FluxAttnProcessor, the default "
+                    "(transformer.set_attn_processor(FluxAttnProcessor()))"
+                )
+        return []
 
     def displaced_processor(self, attn, kv_factory):
         if type(attn.processor) is not FluxAttnProcessor:

@@ -44,6 +44,8 @@ SYNC = "sync"
 STALE = "stale"
 #: The end-of-step all-gather of the denoiser's output bands (always synchronous).
 OUTPUT = "output"
+#: The all-gather of the two batch halves' outputs of a CFG split (always synchronous).
+CFG = "cfg"
 
 
 @dataclass
@@ -69,6 +71,15 @@ class CommStats:
     def reset(self) -> None:
         self.per_step.clear()
 
+    @classmethod
+    def combined(cls, *parts: CommStats) -> CommStats:
+        """One set of counters from several communicators of one model (same step numbering)."""
+        out = cls()
+        for part in parts:
+            for (step, kind), c in part.per_step.items():
+                out.record(step, kind, c.bytes_sent, c.wait_s, c.exchanges)
+        return out
+
     def steps(self) -> list[int]:
         return sorted({step for step, _ in self.per_step})
 
@@ -93,6 +104,7 @@ class CommStats:
             "wait_s": total.wait_s,
             "sync_layer_exchanges": self.total(SYNC).exchanges,
             "stale_layer_exchanges": self.total(STALE).exchanges,
+            "cfg_gathers": self.total(CFG).exchanges,
             "per_step": [
                 {
                     "step": step,
@@ -143,13 +155,13 @@ class Communicator:
         self.bucket().flush()
         return output
 
-    def all_gather_output(self, local: torch.Tensor, dim: int) -> torch.Tensor:
-        """Synchronously gather every rank's band of the denoiser output and concatenate along ``dim``."""
+    def all_gather_output(self, local: torch.Tensor, dim: int, kind: str = OUTPUT) -> torch.Tensor:
+        """Synchronously gather every rank's piece of the denoiser output and concatenate along ``dim``."""
         local = local.contiguous()
         pieces = [torch.empty_like(local) for _ in range(self.size)]
         work = dist.all_gather(pieces, local, group=self.ranks.group, async_op=True)
         wait_s = self.wait([work])
-        self.stats.record(self.state.step, OUTPUT, _nbytes(local) * (self.size - 1), wait_s)
+        self.stats.record(self.state.step, kind, _nbytes(local) * (self.size - 1), wait_s)
         return torch.cat(pieces, dim=dim)
 
 

@@ -67,10 +67,25 @@ class RankGroup:
     def world(cls, timeout: timedelta) -> RankGroup:
         """paradiff-owned groups over the whole world, carrying ``timeout`` on every collective."""
         ensure_process_group(timeout)
-        ranks = list(range(dist.get_world_size()))
-        group = dist.new_group(ranks=ranks, timeout=timeout)
-        background = dist.new_group(ranks=ranks, timeout=timeout)
-        return cls(group=group, background=background, rank=dist.get_rank(group), size=len(ranks), timeout=timeout)
+        return cls.partition([list(range(dist.get_world_size()))], timeout)
+
+    @classmethod
+    def partition(cls, rank_lists: list[list[int]], timeout: timedelta) -> RankGroup:
+        """paradiff-owned groups over the one list of ``rank_lists`` (disjoint) that holds this rank.
+
+        ``dist.new_group`` is a collective of the whole world: every rank creates every list's groups,
+        in the same order, and keeps the ones it belongs to.
+        """
+        me, mine = dist.get_rank(), None
+        for ranks in rank_lists:
+            group = dist.new_group(ranks=ranks, timeout=timeout)
+            background = dist.new_group(ranks=ranks, timeout=timeout)
+            if me in ranks:
+                rank = dist.get_rank(group)
+                mine = cls(group=group, background=background, rank=rank, size=len(ranks), timeout=timeout)
+        if mine is None:
+            raise RuntimeError(f"rank {me} is in none of the rank lists {rank_lists}")
+        return mine
 
     def global_rank(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)

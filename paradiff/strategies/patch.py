@@ -43,9 +43,19 @@ class InstalledPatch:
 
 class PatchStrategy:
     name = "patch"
+    #: Displaced after warm-up: ``warmup_steps`` trades speed for fidelity.
+    uses_warmup = True
 
     def __init__(self, partial_context: float | None = None):
         self.partial_context = partial_context
+
+    @classmethod
+    def create(cls, config, groups) -> PatchStrategy:
+        return cls(partial_context=config.partial_context)
+
+    @classmethod
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int) -> None:
+        """Nothing more to refuse: every family paradiff knows runs in row bands; sizes are checked per call."""
 
     def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
         """Fail before any work when ``height`` pixels cannot be cut into aligned bands."""

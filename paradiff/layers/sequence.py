@@ -1,0 +1,99 @@
+"""Hooks for sequence parallelism: a size check on the denoiser, and the traffic counters.
+
+diffusers' own split hooks assert that a sequence divides evenly (a bare ``AssertionError``, raised
+where ranks may already wait in a collective). This hook runs outside them, sees the call's real
+latent (after any resizing the pipeline did), and raises a :class:`ParadiffError` naming sizes that
+work, identically on every rank, before the call's first collective.
+
+The collectives themselves run inside diffusers, out of paradiff's sight, so their bytes are counted
+from the shapes they move (what each rank sends; the same convention as ``runtime.comm``): per
+attention call, Ulysses all-to-alls Q, K, V and the output and keeps 1/D of each; ring all-gathers
+K and V. Time blocked in them is part of the attention call and is not in ``wait_s``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from diffusers.hooks import ModelHook
+
+from ..errors import ParadiffError
+from ..models.base import DenoiserFamily, Grid, bind_inputs
+from ..runtime.comm import OUTPUT, SYNC, Communicator
+from .split import CallContextName, output_sample
+
+
+def sequence_split_error(
+    strategy: str, family: DenoiserFamily, model, grid: Grid, text_tokens: int | None, parts: int, vae_scale_factor: int
+) -> str | None:
+    """Why this call's token sequences cannot be cut into ``parts`` equal pieces, naming sizes that work."""
+    image = grid.rows * grid.cols
+    if image % parts:
+        pixels = family.pixels_per_row(model, vae_scale_factor)
+        step = parts // math.gcd(grid.cols, parts) * pixels  # heights whose token count divides at this width
+        height = grid.rows * pixels
+        lower, upper = (height // step) * step, (height // step + 1) * step
+        suggestion = f"use height {lower} or {upper}" if lower else f"use height {upper}"
+        return (
+            f"strategy='{strategy}' splits the image's {grid.rows}×{grid.cols} = {image} tokens ({pixels} pixels per "
+            f"token) over {parts} ranks, and {image} is not divisible by {parts}; {suggestion} at this width"
+        )
+    if text_tokens is not None and text_tokens % parts:
+        return (
+            f"strategy='{strategy}' splits the {text_tokens} prompt tokens of the {family.name} joint attention over "
+            f"{parts} ranks, and {text_tokens} is not divisible by {parts}; give the prompt a multiple of {parts} "
+            "tokens (e.g. with the pipeline's max_sequence_length)"
+        )
+    return None
+
+
+class SequenceCheckHook(ModelHook):
+    """On the denoiser, outside diffusers' split hooks: checks the call's sizes and counts the step."""
+
+    _is_stateful = True
+
+    def __init__(self, strategy: str, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int):
+        super().__init__()
+        self.strategy, self.family, self.comm, self.vae_scale_factor = strategy, family, comm, vae_scale_factor
+        self.context = CallContextName()
+
+    def pre_forward(self, module, *args, **kwargs):
+        family = self.family
+        inputs = bind_inputs(module, args, kwargs).arguments
+        grid = family.grid(module, inputs[family.latent_arg], inputs)
+        text = inputs.get(family.context_parallel_text_arg) if family.context_parallel_text_arg else None
+        text_tokens = None if text is None else text.shape[1]
+        error = sequence_split_error(
+            self.strategy, family, module, grid, text_tokens, self.comm.size, self.vae_scale_factor
+        )
+        if error:
+            raise ParadiffError(error)
+        self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg])
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        comm, sample = self.comm, output_sample(output)  # gathered by diffusers: each rank sent its 1/D
+        nbytes = sample.numel() * sample.element_size()
+        comm.stats.record(comm.state.step, OUTPUT, nbytes * (comm.size - 1) // comm.size)
+        return output
+
+    def reset_state(self, module):
+        return module
+
+
+class AttentionTrafficHook(ModelHook):
+    """On an attention layer diffusers runs in parallel: counts the bytes this rank sends per call."""
+
+    def __init__(self, comm: Communicator, sequence_dim: str):
+        super().__init__()
+        self.comm, self.sequence_dim = comm, sequence_dim
+
+    def pre_forward(self, module, *args, **kwargs):
+        inputs = bind_inputs(module, args, kwargs).arguments
+        hidden, text = inputs["hidden_states"], inputs.get("encoder_hidden_states")
+        tokens = hidden.shape[1] + (0 if text is None else text.shape[1])
+        piece = hidden.shape[0] * tokens * module.inner_dim * hidden.element_size()  # one of Q, K, V, output
+        size = self.comm.size
+        sent = 4 * piece * (size - 1) // size if self.sequence_dim == "ulysses" else 2 * piece * (size - 1)
+        self.comm.stats.record(self.comm.state.step, SYNC, sent)
+        return args, kwargs

@@ -1,0 +1,148 @@
+"""CFG split: the two batch halves on two groups of ranks, alone and composed with `patch` (2 × 2 mesh)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from patch_cases import flux_true_cfg_inputs, generate, parallel_vs_one_device
+
+import paradiff
+from paradiff import ParadiffError
+from paradiff.layers.batch_split import CfgSplitHook
+from paradiff.models import family_of
+from paradiff.models.base import bind_inputs
+from paradiff.runtime.step_state import StepState
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+TOLERANCE = 1e-4
+
+
+def _check_exact(results, steps, patch: bool):
+    for result in results:
+        stats = result["stats"]
+        assert result["max_error"] <= TOLERANCE, result["max_error"]
+        assert result["restored_error"] == 0.0
+        assert result["class_changed"] and result["class_restored"]
+        assert result["hooks_left"] == 0
+        assert stats["steps"] == steps
+        assert stats["cfg_gathers"] == steps  # one gather of the two halves per denoiser call
+        assert stats["stale_layer_exchanges"] == 0
+        assert (stats["sync_layer_exchanges"] > 0) == patch
+        assert all(row["bytes_sent"] > 0 for row in stats["per_step"])
+        assert stats["vae_decode_bytes"] > 0  # the decode is banded over every rank, cfg split or not
+    for result in results[1:]:
+        np.testing.assert_array_equal(result["image"], results[0]["image"])  # every rank, the same image
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        pytest.param("sd", {}, id="sd-ddim"),
+        pytest.param("sd", {"scheduler": "euler", "batch": 2}, id="sd-euler-batch2"),
+        pytest.param("sdxl", {"scheduler": "dpm"}, id="sdxl-dpm-added-cond-kwargs"),
+        pytest.param("pixart", {}, id="pixart-dpm-attention-mask"),
+        pytest.param("sd3", {}, id="sd3-flow-pooled-projections"),
+        pytest.param("flux", {"batch": 2}, id="flux-even-batch-without-cfg"),
+    ],
+)
+def test_cfg_alone_is_exact_at_2_ranks(pool2, family, options):
+    steps = 3
+    results = pool2.run(parallel_vs_one_device, family, 64, steps, warmup=0, strategy="cfg", **options)
+    _check_exact(results, steps, patch=False)
+
+
+@pytest.mark.parametrize("family", ["sd", "pixart"])
+def test_cfg_times_patch_is_exact_at_4_ranks(pool4, family):
+    steps = 2
+    results = pool4.run(parallel_vs_one_device, family, 64, steps, warmup=steps, cfg_parallel=True)
+    _check_exact(results, steps, patch=True)
+
+
+def test_cfg_times_patch_displaced_stays_close(pool4):
+    steps, warmup = 5, 1
+    results = pool4.run(parallel_vs_one_device, "sd", 64, steps, warmup=warmup, cfg_parallel=True)
+    for result in results:
+        rows = result["stats"]["per_step"]
+        assert all(row["sync_layer_exchanges"] == 0 and row["stale_layer_exchanges"] > 0 for row in rows[warmup + 1 :])
+        assert result["stats"]["cfg_gathers"] == steps
+        assert result["max_error"] > 1e-6 and result["psnr_db"] > 30.0
+    for result in results[1:]:
+        np.testing.assert_array_equal(result["image"], results[0]["image"])
+
+
+def odd_batch_error(case: str) -> dict:
+    """A call whose batch does not split in two fails on every rank; a good call afterwards still works."""
+    family = "flux" if case.startswith("flux") else "sd"
+    pipe = paradiff.parallelize(build_pipeline(family), strategy="cfg")
+    inputs = prompt_inputs(pipe, family)
+    if case == "flux-true-cfg":
+        inputs = flux_true_cfg_inputs(pipe)
+    elif case == "sd-guidance-off":
+        inputs["guidance_scale"] = 1.0
+    message = ""
+    try:
+        generate(pipe, inputs, 64, 2)
+    except ParadiffError as error:
+        message = str(error)
+    recovered = generate(pipe, prompt_inputs(pipe, "sd"), 64, 2).shape if family == "sd" else None
+    paradiff.unparallelize(pipe)
+    return {"message": message, "recovered": recovered}
+
+
+@pytest.mark.parametrize("case", ["sd-guidance-off", "flux-true-cfg", "flux-distilled-guidance"])
+def test_calls_without_a_cfg_batch_fail_clearly(pool2, case):
+    for result in pool2.run(odd_batch_error, case):
+        assert re.search(r"this call has a batch of 1\. Supported: pipelines that batch .*SD, SDXL", result["message"])
+        assert "generate an even number of images, or run without cfg_parallel" in result["message"]
+        if case.startswith("sd"):
+            assert result["recovered"] == (1, 64, 64, 3)
+
+
+@pytest.mark.parametrize(
+    ("world", "options", "message"),
+    [
+        (3, {"cfg_parallel": True}, r"cfg_parallel needs an even world size, got 3: .*launch 2 or 4 ranks"),
+        (4, {"strategy": "cfg"}, r"strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 4; .*patch"),
+    ],
+)
+def test_world_that_does_not_fit_fails_before_any_collective(monkeypatch, world, options, message):
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group exists: it must fail before creating one
+    pipe = build_pipeline("sd")
+    with pytest.raises(ParadiffError, match=message):
+        paradiff.parallelize(pipe, **options)
+    assert not hasattr(pipe, "_paradiff")
+
+
+def test_config_degrees_and_combinations():
+    assert paradiff.ParallelConfig().degrees(4) == (1, 4)
+    assert paradiff.ParallelConfig(cfg_parallel=True).degrees(4) == (2, 2)
+    assert paradiff.ParallelConfig(cfg_parallel=True).degrees(2) == (2, 1)  # patch over 1 rank: the split alone
+    assert paradiff.ParallelConfig(strategy="cfg").cfg_parallel  # cfg alone is the split; asking twice is the same
+    assert paradiff.ParallelConfig(strategy="cfg", cfg_parallel=True).degrees(2) == (2, 1)
+    with pytest.raises(ParadiffError, match="partial_context is an option of the patch strategy.*supported: "):
+        paradiff.ParallelConfig(strategy="cfg", partial_context=0.5)
+
+
+def test_split_cuts_batched_arguments_only():
+    """Every tensor with the latent's batch is cut (also in dicts); Flux's token ids never, whatever their length."""
+    transformer = build_pipeline("flux").transformer
+    hook = CfgSplitHook(family_of(transformer), SimpleNamespace(rank=1, state=StepState(0)))
+    latent = torch.arange(2.0).view(2, 1, 1).expand(2, 4, 64)
+    args, kwargs = hook.pre_forward(
+        transformer,
+        hidden_states=latent,
+        timestep=torch.tensor([1.0, 1.0]),
+        img_ids=torch.zeros(2, 3),  # 2 tokens: the same length as the batch
+        txt_ids=torch.zeros(2, 3),
+        joint_attention_kwargs={"extra": [torch.ones(2, 5)], "scale": 1.0},
+    )
+    kwargs = bind_inputs(transformer, args, kwargs).arguments
+    assert torch.equal(kwargs["hidden_states"], latent[1:])
+    assert kwargs["timestep"].shape == (1,)
+    assert kwargs["img_ids"].shape == kwargs["txt_ids"].shape == (2, 3)
+    assert kwargs["joint_attention_kwargs"]["extra"][0].shape == (1, 5)
+    assert kwargs["joint_attention_kwargs"]["scale"] == 1.0

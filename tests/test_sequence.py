@@ -1,0 +1,202 @@
+"""Exact sequence parallelism (`ulysses`, `ring`) through diffusers' own context parallelism, on gloo CPU ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from patch_cases import generate, parallel_vs_one_device
+
+import paradiff
+from paradiff import ParadiffError
+from paradiff.layers.sequence import sequence_split_error
+from paradiff.models import Grid, family_of
+from paradiff.strategies import STRATEGIES
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+TOLERANCE = 1e-4
+
+
+def _check_exact(results, steps: int, cfg_gathers: int = 0):
+    for result in results:
+        stats = result["stats"]
+        assert result["max_error"] <= TOLERANCE, result["max_error"]
+        assert result["restored_error"] == 0.0
+        assert result["class_changed"] and result["class_restored"]
+        assert result["hooks_left"] == 0
+        assert stats["steps"] == steps
+        assert stats["sync_layer_exchanges"] > 0 and stats["stale_layer_exchanges"] == 0
+        assert stats["cfg_gathers"] == cfg_gathers
+        assert all(row["bytes_sent"] > 0 for row in stats["per_step"])
+    for result in results[1:]:
+        np.testing.assert_array_equal(result["image"], results[0]["image"])  # every rank, the same image
+
+
+@pytest.mark.parametrize("family", ["pixart", "flux", "sd3"])
+def test_ulysses_is_exact_at_2_ranks(pool2, family):
+    steps = 2
+    results = pool2.run(parallel_vs_one_device, family, 64, steps, warmup=0, strategy="ulysses")
+    _check_exact(results, steps)
+
+
+def test_ulysses_counts_the_bytes_it_moves(pool2):
+    """PixArt at 64 px with CFG: 2 × 16 tokens of width 32 in fp32, 2 self-attention layers, 2 ranks."""
+    stats = pool2.run(parallel_vs_one_device, "pixart", 64, 1, warmup=0, strategy="ulysses")[0]["stats"]
+    local = 2 * 8 * 32 * 4  # batch × local tokens × width × fp32 bytes: one of Q, K, V, output
+    attention = 2 * 4 * local // 2  # per layer, each rank keeps 1/2 of the 4 tensors it all-to-alls
+    output = 2 * 8 * 8 * 8 * 4 // 2  # the (2, 8, 8, 8) noise prediction, each rank sends its half
+    assert stats["per_step"][0]["bytes_sent"] == attention + output
+
+
+def test_ulysses_within_cfg_halves_is_exact_at_4_ranks(pool4):
+    steps = 2
+    results = pool4.run(parallel_vs_one_device, "pixart", 64, steps, warmup=0, strategy="ulysses", cfg_parallel=True)
+    _check_exact(results, steps, cfg_gathers=steps)
+
+
+def reparallelize(family: str) -> dict:
+    """unparallelize restores the model exactly (processors, config, hooks), so it can be parallelized again."""
+    pipe = build_pipeline(family)
+    model = pipe.transformer
+    inputs = prompt_inputs(pipe, family)
+    reference = generate(pipe, inputs, 64, 2)
+    processors = dict(model.attn_processors)
+    errors = []
+    for _ in range(2):
+        pipe = paradiff.parallelize(pipe, strategy="ulysses")
+        replaced = sum(model.attn_processors[name] is not p for name, p in processors.items())
+        errors.append(float(np.abs(generate(pipe, inputs, 64, 2) - reference).max()))
+        paradiff.unparallelize(pipe)
+    return {
+        "errors": errors,
+        "replaced": replaced,
+        "processors_restored": all(model.attn_processors[name] is p for name, p in processors.items()),
+        "configs_left": sum(getattr(p, "_parallel_config", None) is not None for p in model.attn_processors.values()),
+        "model_config": model._parallel_config,
+        "instance_attributes": sorted({"_parallel_config", "_resolve_parallel_config"} & set(vars(model))),
+    }
+
+
+@pytest.mark.parametrize(("family", "replaced"), [("pixart", 2), ("flux", 0)])
+def test_unparallelize_restores_the_model(pool2, family, replaced):
+    """PixArt's two self-attention processors are replaced and put back; Flux's stock ones lose the config."""
+    for result in pool2.run(reparallelize, family):
+        assert max(result["errors"]) <= TOLERANCE
+        assert result["replaced"] == replaced
+        assert result["processors_restored"] and result["configs_left"] == 0
+        assert result["model_config"] is None and result["instance_attributes"] == []
+
+
+def size_error(family: str, size: int, text_tokens: int | None = None) -> dict:
+    """A call whose tokens do not split fails with the same message on every rank; a good call still works."""
+    pipe = paradiff.parallelize(build_pipeline(family), strategy="ulysses")
+    message = ""
+    try:
+        generate(pipe, prompt_inputs(pipe, family, seq_len=text_tokens), size, 1)
+    except ParadiffError as error:
+        message = str(error)
+    recovered = generate(pipe, prompt_inputs(pipe, family), 64, 1).shape
+    paradiff.unparallelize(pipe)
+    return {"message": message, "recovered": recovered, "rank": dist.get_rank()}
+
+
+@pytest.mark.parametrize(
+    ("family", "size", "text_tokens", "message"),
+    [
+        (
+            "pixart",
+            48,
+            None,
+            "strategy='ulysses' splits the image's 3×3 = 9 tokens (16 pixels per token) over 2 ranks, and 9 is not "
+            "divisible by 2; use height 32 or 64 at this width",
+        ),
+        (
+            "flux",
+            64,
+            7,
+            "strategy='ulysses' splits the 7 prompt tokens of the flux joint attention over 2 ranks, and 7 is not "
+            "divisible by 2; give the prompt a multiple of 2 tokens (e.g. with the pipeline's max_sequence_length)",
+        ),
+    ],
+)
+def test_sizes_that_do_not_split_fail_clearly(pool2, family, size, text_tokens, message):
+    for result in pool2.run(size_error, family, size, text_tokens):
+        assert result["message"] == message
+        assert result["recovered"] == (1, 64, 64, 3)
+
+
+@pytest.mark.parametrize(
+    ("family", "world", "options", "message"),
+    [
+        (
+            "pixart",
+            4,
+            {"strategy": "ulysses"},
+            r"gives each of the 4 ranks whole attention heads, but PixArtTransformer2DModel has 2 heads, which is not "
+            r"divisible by 4; run it on 2 ranks \(per CFG half with cfg_parallel\), or use strategy='ring'",
+        ),
+        (
+            "pixart",
+            6,
+            {"strategy": "ulysses", "cfg_parallel": True},
+            "gives each of the 3 ranks whole attention heads, but PixArtTransformer2DModel has 2 heads",
+        ),
+        (
+            "sd",
+            2,
+            {"strategy": "ulysses"},
+            r"strategy='ulysses' does not support UNet2DConditionModel; supported: PixArtTransformer2DModel, "
+            r"SD3Transformer2DModel, FluxTransformer2DModel \(use strategy='patch' or 'cfg' for the others\)",
+        ),
+        pytest.param(
+            "pixart",
+            2,
+            {"strategy": "ring"},
+            r"strategy='ring' does not run on CPU: ring attention merges partial attentions by their log-sum-exp, "
+            r"and diffusers' only context-parallel attention backend on CPU \('native'\) cannot return it; "
+            r"use strategy='ulysses' on CPU",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="ring's CPU refusal"),
+        ),
+        (
+            "pixart",
+            2,
+            {"strategy": "ulysses", "partial_context": 0.5},
+            "partial_context is an option of the patch strategy and strategy='ulysses' has no row bands; supported: ",
+        ),
+    ],
+)
+def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group exists: it must fail before creating one
+    pipe = build_pipeline(family)
+    with pytest.raises(ParadiffError, match=message):
+        paradiff.parallelize(pipe, **options)
+    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+
+
+def test_unsupported_processor_or_backend_fails_before_any_collective(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipe = build_pipeline("pixart")
+    pipe.transformer.fuse_qkv_projections()
+    with pytest.raises(ParadiffError, match=r"attention 'transformer_blocks\.0\.attn1' uses FusedAttnProcessor2_0, .*"):
+        paradiff.parallelize(pipe, strategy="ulysses")
+    pipe = build_pipeline("flux")
+    for processor in pipe.transformer.attn_processors.values():
+        processor._attention_backend = "_native_math"  # this instance only, unlike set_attention_backend
+    with pytest.raises(ParadiffError, match=r"backend '_native_math' has no context-parallel support .*native"):
+        paradiff.parallelize(pipe, strategy="ulysses")
+    assert not dist.is_initialized()
+
+
+def test_split_error_names_heights_that_work():
+    transformer = build_pipeline("pixart").transformer
+    family = family_of(transformer)
+    assert sequence_split_error("ulysses", family, transformer, Grid(4, 4), None, 2, 8) is None
+    message = sequence_split_error("ring", family, transformer, Grid(5, 6), None, 4, 8)  # 30 tokens over 4 ranks
+    assert message.endswith("30 is not divisible by 4; use height 64 or 96 at this width")
+
+
+def test_sequence_strategies_are_registered_as_exact():
+    for name in ("ulysses", "ring"):
+        assert name in paradiff.config.STRATEGY_NAMES
+        assert STRATEGIES[name].name == name and STRATEGIES[name].uses_warmup is False
