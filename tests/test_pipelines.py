@@ -1,0 +1,90 @@
+"""The ``pipelines/`` recipes end to end: each one a ``torchrun`` job on 2 CPU ranks, as their docs launch them.
+
+They run as real ``torchrun`` jobs, not on the shared rank pools, because the launch is part of what
+they document. The jobs start together when the first test asks for them, so that their start-up
+(importing torch and diffusers in every process) overlaps; each test then waits for its own job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The ``--model`` each recipe runs here. Switch sd and pixart to the built-in "paradiff-tiny" and
+#: "paradiff-tiny-dit" once their weights ship.
+MODELS = {
+    "stable_diffusion.py": "tiny",
+    "sdxl.py": "tiny",
+    "pixart.py": "tiny",
+    "sd3.py": "tiny",
+    "flux.py": "tiny",
+}
+SIZE = 64
+JOB_TIMEOUT_S = 240
+
+
+def _env() -> dict[str, str]:
+    """The environment with this checkout first on the path, so the recipes import its paradiff, installed or not."""
+    path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def _stop(job: subprocess.Popen) -> None:
+    """SIGTERM first: torchrun forwards it to its workers, which run in sessions of their own."""
+    job.terminate()
+    try:
+        job.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """recipe -> (job, folder): every recipe under ``torchrun --standalone``, which picks a free port itself."""
+    started = {}
+    for recipe, model in MODELS.items():
+        folder = tmp_path_factory.mktemp(Path(recipe).stem)
+        command = [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+            *(str(ROOT / "pipelines" / recipe), "--model", model, "--size", str(SIZE), "--steps", "2"),
+            *("--out", str(folder / "image.png")),
+        ]
+        with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
+            started[recipe] = (subprocess.Popen(command, stdout=stdout, stderr=stderr, env=_env(), cwd=folder), folder)
+    yield started
+    for job, _ in started.values():
+        if job.poll() is None:
+            _stop(job)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.parametrize("recipe", MODELS)
+def test_recipe_on_two_ranks(jobs, recipe):
+    job, folder = jobs[recipe]
+    try:
+        code = job.wait(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _stop(job)
+        pytest.fail(f"{recipe} did not finish in {JOB_TIMEOUT_S} s")
+    stdout, stderr = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+    assert code == 0, stderr[-3000:]
+    with Image.open(folder / "image.png") as image:
+        assert image.format == "PNG" and image.size == (SIZE, SIZE) and image.mode == "RGB"
+    assert stdout.count("wrote ") == 1, stdout  # rank 0 alone saves and reports
+    assert "steps in" in stdout and "MB/step sent" in stdout, stdout
+
+
+@pytest.mark.timeout(120)
+def test_unknown_strategy_is_refused():
+    command = [sys.executable, str(ROOT / "pipelines" / "sd3.py"), "--model", "tiny", "--strategy", "tiles"]
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=100)
+    assert done.returncode == 2
+    assert "argument --strategy: invalid choice: 'tiles' (choose from" in done.stderr, done.stderr
