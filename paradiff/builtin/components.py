@@ -1,0 +1,131 @@
+"""The components of ``paradiff-tiny``, as configs: tokenizer, text encoder, VAE, U-Net, DiT, schedulers.
+
+Sizes are picked for CPU training within an hour: 256 px images, a VAE that downsamples 8x to
+32x32x4 latents, a 3.2M-parameter U-Net and a 1.8M-parameter DiT.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    PixArtTransformer2DModel,
+    UNet2DConditionModel,
+)
+from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
+
+from .scenes import IMAGE_SIZE, VOCABULARY
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
+#: Tokens the SD pipeline pads prompts to (the longest caption has 22 words).
+PROMPT_TOKENS = 32
+#: PixArt-Alpha pads prompts to 120 tokens: the text encoder's positions must cover that.
+MAX_POSITIONS = 128
+TEXT_WIDTH = 64
+LATENT_CHANNELS = 4
+LATENT_SIZE = IMAGE_SIZE // 8
+
+#: The noise schedule both denoisers are trained on: Stable Diffusion's betas rescaled to zero SNR at
+#: the last step, and v-prediction. With noise prediction, a small model learned to ignore the prompt:
+#: at high noise the prompt barely changes the noise target, while v asks for the picture itself there.
+#: Zero terminal SNR lets sampling start from pure noise as in training, so plain white or black
+#: backgrounds come out right; it needs "trailing" timesteps when sampling.
+NOISE_SCHEDULE = dict(
+    num_train_timesteps=1000,
+    beta_start=0.00085,
+    beta_end=0.012,
+    beta_schedule="scaled_linear",
+    prediction_type="v_prediction",
+    rescale_betas_zero_snr=True,
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the caption vocabulary: lower-cased, anything but letters is a space."""
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+
+    words = list(SPECIAL_TOKENS.values()) + VOCABULARY
+    vocab = {word: index for index, word in enumerate(words)}
+    core = Tokenizer(WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    core.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z]+"), " ")])
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, vocab[bos]), (eos, vocab[eos])]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=core, model_max_length=PROMPT_TOKENS, **SPECIAL_TOKENS)
+
+
+def build_text_encoder(tokenizer: PreTrainedTokenizerFast) -> CLIPTextModel:
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=TEXT_WIDTH,
+        intermediate_size=4 * TEXT_WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        projection_dim=TEXT_WIDTH,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return CLIPTextModel(config)
+
+
+def build_vae() -> AutoencoderKL:
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 64, 64),
+        layers_per_block=1,
+        latent_channels=LATENT_CHANNELS,
+        norm_num_groups=8,
+        sample_size=IMAGE_SIZE,
+    )
+
+
+def build_unet() -> UNet2DConditionModel:
+    return UNet2DConditionModel(
+        sample_size=LATENT_SIZE,
+        in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS,
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(32, 64, 128),
+        layers_per_block=1,
+        norm_num_groups=16,
+        cross_attention_dim=TEXT_WIDTH,
+        attention_head_dim=(1, 2, 4),  # heads per level (diffusers' naming): head dim 32
+    )
+
+
+def build_dit() -> PixArtTransformer2DModel:
+    return PixArtTransformer2DModel(
+        sample_size=LATENT_SIZE,
+        patch_size=2,
+        in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS,
+        num_layers=6,
+        num_attention_heads=4,
+        attention_head_dim=32,
+        cross_attention_dim=128,
+        caption_channels=TEXT_WIDTH,
+        norm_type="ada_norm_single",
+        use_additional_conditions=False,
+    )
+
+
+def build_scheduler(kind: str):
+    """DDIM for the U-Net pipeline, DPM-Solver++ for the DiT pipeline (as in SD and PixArt)."""
+    if kind == "sd":
+        return DDIMScheduler(**NOISE_SCHEDULE, clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing")
+    return DPMSolverMultistepScheduler(**NOISE_SCHEDULE, timestep_spacing="trailing")
+
+
+def parameter_count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,265 @@
+"""Train ``paradiff-tiny`` from scratch on generated scenes, on the CPU.
+
+    python -m paradiff.builtin.train                 # about an hour on 2 cores; writes paradiff/builtin/paradiff-tiny
+    python -m paradiff.builtin.train --scale 0.01 --out /tmp/tiny   # a quick smoke run
+
+Stages, each seeded:
+1. the VAE, on 128 px crops around the shapes of freshly drawn scenes (L1 + MSE + a small KL term);
+2. a fixed set of scenes (plus their mirror images, with "left" and "right" swapped in the caption)
+   is encoded once to latents, and the VAE's scaling factor is set from their spread;
+3. the U-Net and the text encoder together, predicting v (see ``components.NOISE_SCHEDULE``), 10% of
+   the captions dropped to the empty prompt for classifier-free guidance;
+4. the DiT, on the same data, with the text encoder frozen.
+Then both pipelines are written (weights of the diffusers models in float16 to stay small; diffusers
+loads them as float32 unless told otherwise), the shared components once, linked from ``pixart/``.
+
+Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers import DDPMScheduler, ModelMixin, PixArtAlphaPipeline, StableDiffusionPipeline
+from diffusers.utils import logging as diffusers_logging
+
+from . import WEIGHTS
+from .components import (
+    NOISE_SCHEDULE,
+    PROMPT_TOKENS,
+    build_dit,
+    build_scheduler,
+    build_text_encoder,
+    build_tokenizer,
+    build_unet,
+    build_vae,
+)
+from .scenes import PLACES, Scene, make_scenes
+
+#: Optimizer steps (batch size) of each stage at ``--scale 1``.
+VAE_STEPS, VAE_BATCH, VAE_CROP = 1000, 8, 128
+DATASET_SCENES = 2500
+UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 1400, 1800, 16
+CAPTION_DROPOUT = 0.1
+SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
+
+
+def log(message: str) -> None:
+    print(f"[train {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 50) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def optimise(params, steps: int, peak_lr: float, loss_at: Callable[[int], torch.Tensor], name: str) -> None:
+    params = [p for p in params if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.01)
+    start, running = time.perf_counter(), None
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, peak_lr)
+        loss = loss_at(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"{name} step {step + 1}/{steps} loss {running:.4f} ({time.perf_counter() - start:.0f} s)")
+
+
+def to_pixels(images: np.ndarray) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> float (B, 3, H, W) in [-1, 1]."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+
+def shape_crop(scene: Scene, rng: random.Random) -> np.ndarray:
+    """A ``VAE_CROP`` square of the scene around one of its shapes, so every crop has colour to learn."""
+    image = scene.draw()
+    shape = rng.choice(scene.shapes)
+    side = image.shape[0]
+    cx, cy = (round(f * side) + rng.randint(-VAE_CROP // 4, VAE_CROP // 4) for f in PLACES[shape.place])
+    left = min(max(cx - VAE_CROP // 2, 0), side - VAE_CROP)
+    top = min(max(cy - VAE_CROP // 2, 0), side - VAE_CROP)
+    return image[top : top + VAE_CROP, left : left + VAE_CROP]
+
+
+def train_vae(vae, steps: int, seed: int) -> None:
+    rng = random.Random(seed)
+
+    def loss_at(step: int) -> torch.Tensor:
+        pixels = to_pixels(np.stack([shape_crop(scene, rng) for scene in make_scenes(VAE_BATCH, rng.randrange(2**31))]))
+        posterior = vae.encode(pixels).latent_dist
+        recon = vae.decode(posterior.sample()).sample
+        kl = posterior.kl().mean() / pixels[0].numel()
+        return F.l1_loss(recon, pixels) + F.mse_loss(recon, pixels) + 1e-4 * kl
+
+    optimise(vae.parameters(), steps, 1e-3, loss_at, "vae")
+
+
+def mirrored(scene: Scene) -> str:
+    """The caption of the scene's mirror image."""
+    swap = {"left": "right", "right": "left"}
+    return " ".join(swap.get(word, word) for word in scene.caption.split())
+
+
+@torch.no_grad()
+def encode_dataset(vae, count: int, seed: int) -> tuple[torch.Tensor, list[str]]:
+    """Latents (unscaled means) and captions of ``count`` scenes and their mirror images."""
+    scenes = make_scenes(count, seed)
+    latents, captions = [], []
+    for first in range(0, count, 32):
+        batch = scenes[first : first + 32]
+        pixels = to_pixels(np.stack([scene.draw() for scene in batch]))
+        means = vae.encode(torch.cat([pixels, pixels.flip(-1)])).latent_dist.mean
+        latents.append(means)
+        captions += [scene.caption for scene in batch] + [mirrored(scene) for scene in batch]
+    log(f"encoded {len(captions)} scenes")
+    return torch.cat(latents), captions
+
+
+def token_ids(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = tokenizer(captions, padding="max_length", max_length=PROMPT_TOKENS, truncation=True, return_tensors="pt")
+    return tokens.input_ids, tokens.attention_mask
+
+
+def denoiser_batches(latents, captions, tokenizer, seed: int) -> Iterator[tuple]:
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks)."""
+    generator = torch.Generator().manual_seed(seed)
+    noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
+    while True:
+        index = torch.randint(len(captions), (DENOISER_BATCH,), generator=generator)
+        drop = torch.rand(DENOISER_BATCH, generator=generator) < CAPTION_DROPOUT
+        kept = zip(index.tolist(), drop.tolist(), strict=True)
+        batch_captions = ["" if dropped else captions[i] for i, dropped in kept]
+        clean = latents[index]
+        noise = torch.randn(clean.shape, generator=generator)
+        timesteps = torch.randint(NOISE_SCHEDULE["num_train_timesteps"], (DENOISER_BATCH,), generator=generator)
+        noisy = noise_schedule.add_noise(clean, noise, timesteps)
+        target = noise_schedule.get_velocity(clean, noise, timesteps)
+        ids, mask = token_ids(tokenizer, batch_captions)
+        yield noisy, target, timesteps, ids, mask
+
+
+def train_unet(unet, text_encoder, batches, steps: int) -> None:
+    """U-Net and text encoder together; the text encoder sees no attention mask, as in the SD pipeline."""
+
+    def loss_at(step: int) -> torch.Tensor:
+        noisy, target, timesteps, ids, _ = next(batches)
+        prediction = unet(noisy, timesteps, encoder_hidden_states=text_encoder(ids)[0]).sample
+        return F.mse_loss(prediction, target)
+
+    optimise([*unet.parameters(), *text_encoder.parameters()], steps, 1e-3, loss_at, "unet")
+
+
+def train_dit(dit, text_encoder, batches, steps: int) -> None:
+    """The DiT with the text encoder frozen; masks as the PixArt pipeline passes them."""
+    text_encoder.requires_grad_(False)
+    no_extra_conditions = {"resolution": None, "aspect_ratio": None}
+
+    def loss_at(step: int) -> torch.Tensor:
+        noisy, target, timesteps, ids, mask = next(batches)
+        with torch.no_grad():
+            text = text_encoder(ids, attention_mask=mask)[0]
+        prediction = dit(
+            noisy,
+            encoder_hidden_states=text,
+            encoder_attention_mask=mask,
+            timestep=timesteps,
+            added_cond_kwargs=no_extra_conditions,
+        ).sample
+        return F.mse_loss(prediction, target)
+
+    optimise(dit.parameters(), steps, 5e-4, loss_at, "dit")
+
+
+def _save_in_float16(pipe, folder: Path) -> None:
+    """Write ``pipe`` with its diffusers models' weights in float16, leaving the models in float32."""
+    models = [module for module in pipe.components.values() if isinstance(module, ModelMixin)]
+    previous = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()  # casting a loaded model with to() warns; these are fresh
+    try:
+        for model in models:
+            model.to(torch.float16)
+        pipe.save_pretrained(folder)
+    finally:
+        for model in models:
+            model.to(torch.float32)
+        diffusers_logging.set_verbosity(previous)
+    log(f"wrote {folder}")
+
+
+def save_sd(out: Path, tokenizer, text_encoder, vae, unet) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    pipe = StableDiffusionPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        unet=unet,
+        scheduler=build_scheduler("sd"),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    _save_in_float16(pipe, out / "sd")
+
+
+def save_pixart(out: Path, tokenizer, text_encoder, vae, dit) -> None:
+    """``pixart/`` links the components it shares with ``sd/`` instead of holding copies."""
+    pipe = PixArtAlphaPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=dit, scheduler=build_scheduler("pixart")
+    )
+    _save_in_float16(pipe, out / "pixart")
+    for name in SHARED_COMPONENTS:
+        shutil.rmtree(out / "pixart" / name)
+        (out / "pixart" / name).symlink_to(Path("..") / "sd" / name, target_is_directory=True)
+
+
+def train(out: Path, scale: float, seed: int) -> None:
+    def scaled(steps: int) -> int:
+        return max(2, round(steps * scale))
+
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    text_encoder, vae, unet, dit = build_text_encoder(tokenizer), build_vae(), build_unet(), build_dit()
+    train_vae(vae, scaled(VAE_STEPS), seed + 1)
+    vae.requires_grad_(False)
+    latents, captions = encode_dataset(vae, max(32, round(DATASET_SCENES * scale)), seed + 2)
+    vae.register_to_config(scaling_factor=float(1 / latents.std()))
+    latents = latents * vae.config.scaling_factor
+    train_unet(unet, text_encoder, denoiser_batches(latents, captions, tokenizer, seed + 3), scaled(UNET_STEPS))
+    save_sd(out, tokenizer, text_encoder, vae, unet)
+    train_dit(dit, text_encoder, denoiser_batches(latents, captions, tokenizer, seed + 4), scaled(DIT_STEPS))
+    save_pixart(out, tokenizer, text_encoder, vae, dit)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=WEIGHTS)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    train(args.out, args.scale, args.seed)
+    log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
