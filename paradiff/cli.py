@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
+
 from .config import STRATEGY_NAMES
 from .errors import ParadiffError
-from .launch import run_on_ranks
+from .launch import ranks_to_use, run_on_ranks
 from .loading import DEFAULT_MODEL, MODEL_NAMES, check_model, load_pipeline, prompt_kwargs
 
 
@@ -23,12 +25,18 @@ class GenerateJob:
     strategy: str
     nproc: int
     steps: int
-    size: int
+    size: int | None
+    frames: int | None
     seed: int
     warmup: int
-    out: str
+    out: str | None
     baseline: bool
     threads: int
+
+    def call_kwargs(self) -> dict:
+        """Size and frame count, only where given: otherwise the pipeline's own defaults apply."""
+        sizes = {"height": self.size, "width": self.size, "num_frames": self.frames}
+        return {name: value for name, value in sizes.items() if value is not None}
 
 
 def _generate_on_rank(job: GenerateJob) -> dict:
@@ -51,30 +59,26 @@ def _generate_on_rank(job: GenerateJob) -> dict:
         start = time.perf_counter()
         result = pipe(
             **inputs,
-            height=job.size,
-            width=job.size,
+            **job.call_kwargs(),
             num_inference_steps=job.steps,
             generator=torch.Generator().manual_seed(job.seed),
             output_type="np",
         )
-        return result.images, time.perf_counter() - start
+        return _output_of(result), time.perf_counter() - start
 
     baseline = baseline_s = None
-    if job.baseline and rank == 0:
-        print(f"[paradiff] one device, {job.threads} thread(s): generating the reference image", flush=True)
-        baseline, baseline_s = generate()
-    if dist.is_initialized():
+    if job.nproc > 1:
+        if job.baseline and rank == 0:
+            print(f"[paradiff] one device, {job.threads} thread(s): generating the reference", flush=True)
+            baseline, baseline_s = generate()
         dist.barrier()
-    pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup)
-    if rank == 0:
-        print(f"[paradiff] {job.nproc} rank(s), strategy {job.strategy}", flush=True)
+        pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup)
+        if rank == 0:
+            print(f"[paradiff] {job.nproc} ranks, strategy {job.strategy}", flush=True)
     images, latency_s = generate()
     if rank != 0:
         return {}
-    from diffusers.utils import numpy_to_pil
-
-    numpy_to_pil(images)[0].save(job.out)
-    report = {"out": job.out, "latency_s": latency_s}
+    report = {"out": save_output(images, job.out), "latency_s": latency_s}
     if baseline is not None:
         report.update(baseline_s=baseline_s, speedup=baseline_s / latency_s, psnr_db=psnr(images, baseline))
     if job.nproc > 1:
@@ -82,26 +86,61 @@ def _generate_on_rank(job: GenerateJob) -> dict:
     return report
 
 
+def _output_of(result) -> np.ndarray:
+    """An image pipeline's images ``(B, H, W, 3)`` or a video pipeline's frames ``(B, F, H, W, 3)``."""
+    frames = getattr(result, "frames", None)
+    return np.asarray(result.images if frames is None else frames)
+
+
+def save_output(output: np.ndarray, out: str | None) -> str:
+    """Write the first image (PNG, or the ``--out`` format) or the first video (MP4); returns the path."""
+    video = output.ndim == 5
+    path = Path(out or ("paradiff.mp4" if video else "paradiff.png"))
+    if video:
+        from diffusers.utils import export_to_video
+
+        if path.suffix.lower() != ".mp4":
+            path = path.with_suffix(".mp4")
+            print(f"[paradiff] the model makes videos: writing {path}", flush=True)
+        export_to_video(list(output[0]), str(path), fps=8)
+    else:
+        from diffusers.utils import numpy_to_pil
+
+        numpy_to_pil(output)[0].save(path)
+    return str(path)
+
+
 def _check_job(job: GenerateJob) -> None:
     if job.nproc < 1:
         raise ParadiffError(f"--nproc must be at least 1, got {job.nproc}")
     if job.steps < 1:
         raise ParadiffError(f"--steps must be at least 1, got {job.steps}")
-    out_dir = Path(job.out).resolve().parent
+    if job.size is not None and (job.size < 8 or job.size % 8):
+        raise ParadiffError(f"--size must be a positive multiple of 8, got {job.size}")
+    if job.frames is not None and job.frames < 1:
+        raise ParadiffError(f"--frames must be at least 1, got {job.frames}")
+    out_dir = Path(job.out).resolve().parent if job.out else Path.cwd()
     if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
-        raise ParadiffError(f"cannot write {job.out}: folder {out_dir} does not exist or is not writable")
+        raise ParadiffError(
+            f"cannot write {job.out or 'the output'}: folder {out_dir} does not exist or is not writable"
+        )
     check_model(job.model)
 
 
+def _threads_per_rank(args: argparse.Namespace) -> int:
+    return args.threads or max(1, (os.cpu_count() or 1) // max(args.nproc, 1))
+
+
 def generate(args: argparse.Namespace) -> int:
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(args.nproc, 1))
+    threads = _threads_per_rank(args)
     job = GenerateJob(
         prompt=args.prompt,
         model=args.model,
         strategy=args.strategy,
-        nproc=args.nproc,
+        nproc=ranks_to_use(args.nproc),
         steps=args.steps,
         size=args.size,
+        frames=args.frames,
         seed=args.seed,
         warmup=args.warmup,
         out=args.out,
@@ -123,22 +162,52 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench(args: argparse.Namespace) -> int:
+    """One device, then every strategy × warm-up on N ranks, same prompts and seeds; writes a report."""
+    from .bench.job import job_from_args
+
+    job = job_from_args(args, threads=_threads_per_rank(args))
+    from .bench.run import bench_on_rank
+
+    results = run_on_ranks(bench_on_rank, job.nproc, job)
+    if results is not None:
+        from .bench.report import write_report
+
+        print("\n".join(write_report(job, results)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paradiff", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="generate an image on N ranks and report the speedup")
+    gen = commands.add_parser("generate", help="generate an image or video on N ranks and report the speedup")
     gen.add_argument("prompt")
     gen.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
     gen.add_argument("--strategy", default="patch", choices=STRATEGY_NAMES)
     gen.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     gen.add_argument("--steps", type=int, default=20)
-    gen.add_argument("--size", type=int, default=512, help="height and width in pixels")
+    gen.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
+    gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first")
-    gen.add_argument("--out", default="paradiff.png")
+    gen.add_argument("--out", help="image or video file (default: paradiff.png, or paradiff.mp4 for video models)")
     gen.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / nproc)")
     gen.add_argument("--no-baseline", action="store_true", help="skip the one-device reference run")
     gen.set_defaults(func=generate)
+    ben = commands.add_parser("bench", help="one device vs each strategy and warm-up: speed, fidelity, report")
+    ben.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
+    ben.add_argument("--strategies", default="patch", help=f"comma list of {', '.join(STRATEGY_NAMES)}")
+    ben.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
+    ben.add_argument(
+        "--warmup", default="1,4", help="comma list of warm-up settings (synchronous steps after the first)"
+    )
+    ben.add_argument("--prompts", type=int, default=4, help="number of prompts (prompt i uses seed + i)")
+    ben.add_argument("--out", default="paradiff-bench", help="folder for results.json, report.md/html and images")
+    ben.add_argument("--steps", type=int, default=20)
+    ben.add_argument("--size", type=int, default=256, help="height and width in pixels")
+    ben.add_argument("--seed", type=int, default=0)
+    ben.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / nproc)")
+    ben.set_defaults(func=bench)
     return parser
 
 

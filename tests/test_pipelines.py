@@ -17,12 +17,11 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The ``--model`` each recipe runs here. Switch sd and pixart to the built-in "paradiff-tiny" and
-#: "paradiff-tiny-dit" once their weights ship.
+#: The ``--model`` each recipe runs here: the built-in pipelines for SD and PixArt, tiny configs otherwise.
 MODELS = {
-    "stable_diffusion.py": "tiny",
+    "stable_diffusion.py": "paradiff-tiny",
     "sdxl.py": "tiny",
-    "pixart.py": "tiny",
+    "pixart.py": "paradiff-tiny-dit",
     "sd3.py": "tiny",
     "flux.py": "tiny",
 }

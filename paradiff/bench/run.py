@@ -1,0 +1,138 @@
+"""What every rank does in ``paradiff bench``: the same prompts and seeds through every run, timed.
+
+Runs share one pipeline instance: the one-device baseline runs on rank 0 while the other ranks wait
+at a barrier (one image at a time, so no wait outlasts one image), then each strategy × warm-up is
+``parallelize``d, run on every rank and ``unparallelize``d. Rank 0 returns the images and timings.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import paradiff
+
+from ..loading import load_pipeline, prompt_kwargs
+from ..runtime.distributed import ensure_process_group, env_world_size, local_device
+from .job import BenchJob, RunSpec
+from .prompts import bench_prompts
+
+#: The longest a rank waits for another: one one-device image, while the other ranks sit at a barrier.
+WAIT_TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass
+class RunResult:
+    """One run over every prompt: images in [0, 1] (H, W, 3), seconds, and communication per image."""
+
+    spec: RunSpec
+    images: list[np.ndarray] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    bytes_per_step: list[float] = field(default_factory=list)
+    wait_s: list[float] = field(default_factory=list)
+
+    def add(self, image: np.ndarray, seconds: float, comm: dict) -> None:
+        self.images.append(image)
+        self.latency_s.append(seconds)
+        self.bytes_per_step.append(float(comm.get("bytes_per_step", 0.0)))
+        self.wait_s.append(float(comm.get("wait_s", 0.0)))
+
+
+@dataclass
+class BenchResults:
+    prompts: list[str]
+    runs: list[RunResult]
+    world_size: int
+    device: str
+
+
+def bench_on_rank(job: BenchJob) -> BenchResults | None:
+    """Every run on this rank; rank 0 returns the results, the other ranks None."""
+    torch.set_num_threads(job.threads)
+    world_size = env_world_size()
+    if world_size > 1:
+        ensure_process_group(WAIT_TIMEOUT)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    pipe = load_pipeline(job.model).to(local_device())
+    pipe.set_progress_bar_config(disable=rank != 0)
+    prompts = bench_prompts(job.prompts)
+    inputs = [prompt_kwargs(pipe, job.model, prompt) for prompt in prompts]
+    specs = job.runs()
+    _preflight(pipe, job, specs[1], inputs[0])
+    runs = []
+    for number, spec in enumerate(specs, start=1):
+        runs.append(_run(pipe, job, spec, inputs, rank, world_size, f"[bench] {number}/{len(specs)} {spec.label}"))
+    if rank != 0:
+        return None
+    return BenchResults(prompts, runs, world_size, _device_name(pipe.device))
+
+
+def _preflight(pipe, job: BenchJob, spec: RunSpec, inputs: dict) -> None:
+    """One untimed one-step image through the first strategy, before anything is timed.
+
+    Every rank fails here at once if the size cannot be split (rather than after the baseline), and
+    first-call costs (allocations, connections) stay out of the timings.
+    """
+    with _parallelized(pipe, spec):
+        _generate(pipe, inputs, job.size, 1, job.seed)
+    _barrier()
+
+
+def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, world_size: int, title: str) -> RunResult:
+    """Every prompt through one run; the baseline only on rank 0, every run starting on all ranks together."""
+    run = RunResult(spec)
+    parallel = spec.strategy is not None
+    with _parallelized(pipe, spec):
+        for index, kwargs in enumerate(inputs):
+            _barrier()
+            if parallel or rank == 0:
+                image, seconds = _generate(pipe, kwargs, job.size, job.steps, job.seed + index)
+                run.add(image, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
+                if rank == 0:
+                    print(f"{title}: prompt {index + 1}/{len(inputs)} ... {seconds:.2f} s", flush=True)
+        _barrier()
+    return run
+
+
+@contextmanager
+def _parallelized(pipe, spec: RunSpec):
+    """``pipe`` parallelized as ``spec`` says inside the block (as it is for the baseline or on one rank)."""
+    if spec.strategy is None:
+        yield
+        return
+    options = {} if spec.warmup is None else {"warmup_steps": spec.warmup}
+    paradiff.parallelize(pipe, strategy=spec.strategy, **options)
+    try:
+        yield
+    finally:
+        paradiff.unparallelize(pipe)
+
+
+def _generate(pipe, inputs: dict, size: int, steps: int, seed: int) -> tuple[np.ndarray, float]:
+    start = time.perf_counter()
+    images = pipe(
+        **inputs,
+        height=size,
+        width=size,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).images
+    return images[0], time.perf_counter() - start
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)

@@ -1,0 +1,151 @@
+"""`paradiff bench` end to end on 2 ranks, its bad-input messages, and the report's pieces."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from paradiff import cli
+from paradiff.bench.fidelity import fidelity
+from paradiff.bench.figures import GAP, comparison_grid, difference_heatmap, speedup_psnr_plot
+from paradiff.bench.job import job_from_args
+from paradiff.bench.prompts import SCENES, bench_prompts
+from paradiff.bench.report import _json_safe
+from paradiff.bench.run import bench_on_rank
+from paradiff.testing.workers import RankFailure
+
+MODEL = "paradiff-tiny"
+#: The built-in U-Net needs bands of a multiple of 4 latent rows: 128 px (16 rows) on 2 ranks.
+SIZE = 128
+BENCH = ["bench", "--model", MODEL, "--size", str(SIZE), "--steps", "3", "--prompts", "2", "--warmup", "1,3"]
+RUNS = ["one device", "patch warmup=1", "patch warmup=3", "cfg"]
+
+
+@pytest.mark.timeout(240)
+def test_bench_on_two_ranks_writes_every_report_file(tmp_path):
+    out = tmp_path / "report"
+    command = [sys.executable, "-m", "paradiff.cli", *BENCH, "--strategies", "patch,cfg", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[bench] 3/4 patch warmup=3: prompt 2/2 ..." in done.stdout
+
+    results = json.loads((out / "results.json").read_text())
+    rows = {row["run"]: row for row in results["rows"]}
+    assert list(rows) == RUNS, "cfg is exact: it runs once, not once per warm-up"
+    for row in rows.values():
+        for key in ("latency_s", "speedup", "bytes_per_step", "wait_s", "ssim"):
+            assert math.isfinite(row[key]), (row["run"], key)
+        assert len(row["per_prompt"]) == 2
+    baseline = rows["one device"]
+    assert baseline["speedup"] == 1.0 and baseline["psnr_db"] is None and baseline["ssim"] == 1.0
+    displaced = rows["patch warmup=1"]
+    assert displaced["bytes_per_step"] > 0 and 20 < displaced["psnr_db"] < 200
+    assert rows["cfg"]["psnr_db"] is None or rows["cfg"]["psnr_db"] > 80, "the cfg split is exact"
+    assert results["config"]["nproc"] == 2 and results["config"]["size"] == SIZE
+    if results["lpips"] != "ok":
+        assert results["lpips"].startswith("skipped: ") and "LPIPS skipped: " in done.stdout
+
+    page = (out / "report.html").read_text()
+    assert results["config"]["command"] in page and "patch warmup=1" in page
+    for image in ("speedup-vs-psnr.png", displaced["grid"], rows["patch warmup=3"]["grid"]):
+        assert (out / image).is_file() and f'src="{image}"' in page
+    assert "| patch warmup=3 |" in (out / "report.md").read_text()
+
+
+def test_a_size_the_ranks_cannot_split_fails_on_every_rank_before_the_baseline(pool2, tmp_path):
+    args = cli.build_parser().parse_args([*BENCH, "--size", "96", "--out", str(tmp_path)])
+    with pytest.raises(RankFailure) as failure:
+        pool2.run(bench_on_rank, job_from_args(args, threads=1))
+    assert sorted([*failure.value.failures, *failure.value.pending]) == [0, 1]  # pending: slower than the grace
+    for traceback in failure.value.failures.values():
+        assert "in _preflight" in traceback and "ParadiffError: height 96 is not divisible by" in traceback
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Bad input must be refused before any worker starts."""
+
+    def refuse(*args):
+        raise AssertionError("workers were started")
+
+    monkeypatch.setattr(cli, "run_on_ranks", refuse)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nproc", "0"], "--nproc must be at least 1, got 0"),
+        (["--prompts", "0"], "--prompts must be at least 1, got 0"),
+        (["--strategies", "patch,pipefusion"], "unknown strategy 'pipefusion'; available: patch"),
+        (["--strategies", ""], "--strategies takes a comma-separated list without empty items, got ''"),
+        (["--warmup", "1,,4"], "--warmup takes a comma-separated list without empty items"),
+        (["--warmup", "1,two"], "--warmup takes integers >= 0 (synchronous steps after the first), got 'two'"),
+        (["--warmup", "-1"], "--warmup takes integers >= 0"),
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    ],
+)
+def test_bad_input(capsys, no_workers, tmp_path, argv, message):
+    assert cli.main([*BENCH, "--out", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_out_folder_that_cannot_be_created(capsys, no_workers, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cli.main([*BENCH, "--out", str(blocker / "report")]) == 2
+    assert f"cannot create the --out folder {blocker / 'report'}" in capsys.readouterr().err
+
+
+def test_the_recorded_command_reproduces_the_job(tmp_path):
+    args = cli.build_parser().parse_args([*BENCH, "--out", str(tmp_path), "--warmup", "4,1,4"])
+    job = job_from_args(args, threads=1)
+    assert job.warmups == (4, 1)
+    assert [spec.label for spec in job.runs()] == ["one device", "patch warmup=4", "patch warmup=1"]
+    again = cli.build_parser().parse_args(shlex.split(job.command())[1:])
+    assert job_from_args(again, threads=again.threads) == job
+
+
+def test_prompts_cycle_through_the_scenes():
+    prompts = bench_prompts(len(SCENES) + 2)
+    assert prompts[: len(SCENES)] == list(SCENES) and prompts[len(SCENES) :] == list(SCENES[:2])
+
+
+def test_prompts_use_only_words_the_builtin_model_knows():
+    scenes = pytest.importorskip("paradiff.builtin.scenes")
+    assert {word for prompt in SCENES for word in prompt.split()} <= set(scenes.VOCABULARY)
+
+
+def test_fidelity_of_identical_and_of_different_images():
+    rng = np.random.default_rng(0)
+    images = [rng.random((32, 32, 3)) for _ in range(2)]
+    changed = [np.clip(image + 0.01 * rng.standard_normal(image.shape), 0, 1) for image in images]
+    same, different = fidelity(images, images, with_lpips=False), fidelity(changed, images, with_lpips=False)
+    assert all(s["psnr_db"] == math.inf and s["ssim"] == pytest.approx(1.0) and s["lpips"] is None for s in same)
+    assert all(30 < d["psnr_db"] < 50 and d["ssim"] < 1.0 for d in different)
+
+
+def test_grid_has_one_row_per_prompt_and_three_columns():
+    references = [np.zeros((16, 24, 3)), np.ones((16, 24, 3))]
+    images = [np.full((16, 24, 3), 0.5), np.ones((16, 24, 3))]
+    grid = comparison_grid(images, references)
+    assert grid.shape == (2 * 16 + 3 * GAP, 3 * 24 + 4 * GAP, 3) and grid.dtype == np.uint8
+    heatmap = difference_heatmap(images[1], references[1])
+    assert heatmap.shape == (16, 24, 3) and np.all(heatmap == heatmap[0, 0])  # identical: one colour
+    assert not np.array_equal(difference_heatmap(images[0], references[0]), heatmap)
+
+
+def test_plot_takes_identical_runs(tmp_path):
+    speedup_psnr_plot([("patch warmup=1", 1.6, 42.0), ("patch warmup=20", 1.1, math.inf)], tmp_path / "plot.png")
+    with Image.open(tmp_path / "plot.png") as image:
+        assert image.format == "PNG"
+
+
+def test_json_has_no_infinities():
+    assert _json_safe({"a": [math.inf, 1.5, (math.nan,)], "b": "x"}) == {"a": [None, 1.5, [None]], "b": "x"}
