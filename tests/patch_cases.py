@@ -224,3 +224,22 @@ def binned_height(height: int) -> dict:
     images = generate(pipe, inputs, height, 1)
     paradiff.unparallelize(pipe)
     return {"shape": images.shape}
+
+
+def check_exact_and_restored(results: list[dict], steps: int, tolerance: float = 1e-4) -> None:
+    """What every exact strategy promises, on every rank's result of :func:`parallel_vs_one_device`.
+
+    Within ``tolerance`` of one device, nothing displaced, ``steps`` counted, traffic on every step,
+    the same image on every rank, and ``unparallelize`` restoring class, hooks and output.
+    """
+    for result in results:
+        stats = result["stats"]
+        assert result["max_error"] <= tolerance, result["max_error"]
+        assert result["restored_error"] == 0.0
+        assert result["class_changed"] and result["class_restored"]
+        assert result["hooks_left"] == 0
+        assert stats["steps"] == steps
+        assert stats["stale_layer_exchanges"] == 0
+        assert all(row["bytes_sent"] > 0 for row in stats["per_step"])
+    for result in results[1:]:
+        np.testing.assert_array_equal(result["image"], results[0]["image"])  # every rank, the same image

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from patch_cases import generate, parallel_vs_one_device
+from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device
 
 import paradiff
 from paradiff import ParadiffError
@@ -19,18 +19,10 @@ TOLERANCE = 1e-4
 
 
 def _check_exact(results, steps: int, cfg_gathers: int = 0):
+    check_exact_and_restored(results, steps, TOLERANCE)
     for result in results:
-        stats = result["stats"]
-        assert result["max_error"] <= TOLERANCE, result["max_error"]
-        assert result["restored_error"] == 0.0
-        assert result["class_changed"] and result["class_restored"]
-        assert result["hooks_left"] == 0
-        assert stats["steps"] == steps
-        assert stats["sync_layer_exchanges"] > 0 and stats["stale_layer_exchanges"] == 0
-        assert stats["cfg_gathers"] == cfg_gathers
-        assert all(row["bytes_sent"] > 0 for row in stats["per_step"])
-    for result in results[1:]:
-        np.testing.assert_array_equal(result["image"], results[0]["image"])  # every rank, the same image
+        assert result["stats"]["sync_layer_exchanges"] > 0
+        assert result["stats"]["cfg_gathers"] == cfg_gathers
 
 
 @pytest.mark.parametrize("family", ["pixart", "flux", "sd3"])
