@@ -7,13 +7,16 @@ from dataclasses import dataclass
 
 from .errors import ParadiffError
 
-STRATEGY_NAMES = ("patch", "cfg", "ulysses", "ring")
+STRATEGY_NAMES = ("patch", "pipefusion", "cfg", "ulysses", "ring")
 
 #: What runs together, and on how many ranks; named by every error about a combination.
 SUPPORTED_COMBINATIONS = (
-    "strategy='patch', 'ulysses' or 'ring' (world = its degree), strategy='cfg' (world = 2), "
-    "strategy='patch', 'ulysses' or 'ring' with cfg_parallel=True (world = 2 × its degree)"
+    "strategy='patch', 'pipefusion', 'ulysses' or 'ring' (world = its degree), strategy='cfg' (world = 2), "
+    "strategy='patch', 'pipefusion', 'ulysses' or 'ring' with cfg_parallel=True (world = 2 × its degree)"
 )
+
+#: Options that only the pipefusion strategy reads.
+_PIPEFUSION_OPTIONS = ("pipefusion_patches", "pipefusion_stages")
 
 
 @dataclass(frozen=True)
@@ -21,9 +24,10 @@ class ParallelConfig:
     """How a pipeline is parallelized.
 
     Attributes:
-        strategy: ``"patch"`` (displaced patch parallelism, DistriFusion), ``"cfg"`` (the two halves
-            of the batch, CFG's unconditional and conditional ones, on two ranks; exact), or
-            ``"ulysses"`` / ``"ring"`` (exact sequence parallelism, diffusers' own context parallelism).
+        strategy: ``"patch"`` (displaced patch parallelism, DistriFusion), ``"pipefusion"`` (displaced
+            patch pipeline parallelism, PipeFusion: each rank holds a stage of the DiT's blocks), ``"cfg"``
+            (the two halves of the batch, CFG's unconditional and conditional ones, on two ranks; exact),
+            or ``"ulysses"`` / ``"ring"`` (exact sequence parallelism, diffusers' own context parallelism).
         warmup_steps: the first step and this many more exchange fresh activations (exact); later
             steps reuse the other ranks' activations from the previous step. A value at least the
             number of inference steps reproduces the one-device result.
@@ -31,6 +35,13 @@ class ParallelConfig:
             image. A fraction ``p`` in [0, 1]: after warm-up a band attends to itself plus the ``p``
             of each neighbouring band nearest the border, received from its two neighbours only;
             ``0`` means its own band alone.
+        pipefusion_patches: PipeFusion. Number M of patches (bands of whole token rows) that flow through the
+            pipeline of stages on displaced steps, at least the number of stages. ``None`` (default): the
+            divisor of the call's token rows nearest to twice the stages (measured best on CPU: fewer patches
+            leave more of each step idle while the pipeline fills and drains, more patches make each
+            stage's matrix products too small to run efficiently).
+        pipefusion_stages: PipeFusion. Number of transformer blocks of each stage, in block order (one entry
+            per rank of the pipeline); ``None`` (default): contiguous stages of about equal measured cost.
         bucket_limit_bytes: on displaced steps, a layer's piece smaller than this is packed with the
             other small pieces into one transfer per denoiser call (few launches); larger pieces are sent
             on their own as soon as they exist (a whole step to arrive behind the compute).
@@ -44,6 +55,8 @@ class ParallelConfig:
     strategy: str = "patch"
     warmup_steps: int = 4
     partial_context: float | None = None
+    pipefusion_patches: int | None = None
+    pipefusion_stages: tuple[int, ...] | None = None
     bucket_limit_bytes: int = 256 * 1024
     parallel_vae: bool = True
     timeout_s: float = 600.0
@@ -62,11 +75,29 @@ class ParallelConfig:
             raise ParadiffError(f"timeout_s must be positive, got {self.timeout_s!r}")
         if not isinstance(self.cfg_parallel, bool):
             raise ParadiffError(f"cfg_parallel must be True or False, got {self.cfg_parallel!r}")
+        if self.pipefusion_patches is not None and (
+            not isinstance(self.pipefusion_patches, int) or self.pipefusion_patches < 1
+        ):
+            raise ParadiffError(f"pipefusion_patches must be None or an integer >= 1, got {self.pipefusion_patches!r}")
+        if self.pipefusion_stages is not None:
+            stages = self.pipefusion_stages
+            if not isinstance(stages, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in stages):
+                raise ParadiffError(
+                    f"pipefusion_stages must be None or the number of blocks of each stage (integers >= 1), "
+                    f"got {stages!r}"
+                )
+            object.__setattr__(self, "pipefusion_stages", tuple(stages))
         if self.strategy != "patch" and self.partial_context is not None:
             raise ParadiffError(
                 f"partial_context is an option of the patch strategy and strategy='{self.strategy}' has no row "
                 f"bands; supported: {SUPPORTED_COMBINATIONS}"
             )
+        for option in _PIPEFUSION_OPTIONS:
+            if self.strategy != "pipefusion" and getattr(self, option) is not None:
+                raise ParadiffError(
+                    f"{option} is an option of the pipefusion strategy, not of strategy='{self.strategy}'; "
+                    f"supported: {SUPPORTED_COMBINATIONS}"
+                )
         if self.strategy == "cfg":
             object.__setattr__(self, "cfg_parallel", True)  # the cfg split alone: redundant to ask for it twice
 
@@ -76,6 +107,12 @@ class ParallelConfig:
         Without ``cfg_parallel``: ``(1, world_size)``. With it: ``(2, world_size // 2)``, the strategy
         running over each group's ranks (one rank: the cfg split alone).
         """
+        cfg, degree = self._mesh(world_size)
+        if self.strategy == "pipefusion":
+            self._check_pipeline(degree)
+        return cfg, degree
+
+    def _mesh(self, world_size: int) -> tuple[int, int]:
         if not self.cfg_parallel:
             return 1, world_size
         if world_size % 2:
@@ -91,6 +128,20 @@ class ParallelConfig:
                 f"(supported: {SUPPORTED_COMBINATIONS})"
             )
         return 2, world_size // 2
+
+    def _check_pipeline(self, stages: int) -> None:
+        per_half = " per CFG half" if self.cfg_parallel else ""
+        if self.pipefusion_patches is not None and self.pipefusion_patches < stages:
+            raise ParadiffError(
+                f"pipefusion_patches={self.pipefusion_patches} is fewer than the {stages} pipeline stages (one per "
+                f"rank{per_half}): some stages would never work; use pipefusion_patches >= {stages}, or None for "
+                "the default"
+            )
+        if self.pipefusion_stages is not None and len(self.pipefusion_stages) != stages:
+            raise ParadiffError(
+                f"pipefusion_stages={list(self.pipefusion_stages)} gives {len(self.pipefusion_stages)} stages, but the "
+                f"pipeline has {stages} (one per rank{per_half}); give one block count per stage"
+            )
 
     @classmethod
     def from_options(cls, strategy: str, options: dict) -> ParallelConfig:

@@ -33,9 +33,10 @@ from .runtime.comm import CommStats, Communicator
 from .runtime.distributed import RankGroup, env_world_size, local_device
 from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
-from .strategies import STRATEGIES, CfgStrategy, PatchStrategy, SequenceStrategy
+from .strategies import STRATEGIES, CfgStrategy, PatchStrategy, PipeFusionStrategy, SequenceStrategy
 from .strategies.cfg import InstalledCfg
 from .strategies.patch import InstalledPatch
+from .strategies.pipefusion import InstalledPipeFusion
 from .strategies.sequence import InstalledSequence
 
 DENOISER_ATTRIBUTES = ("transformer", "unet")
@@ -46,7 +47,7 @@ class ParallelPart:
     """One module run in parallel (the denoiser, the VAE decoder) with its step state and counters."""
 
     comm: Communicator
-    installed: InstalledPatch | InstalledCfg | InstalledSequence
+    installed: InstalledPatch | InstalledPipeFusion | InstalledCfg | InstalledSequence
 
     def begin_run(self) -> None:
         self.comm.state.begin_run()
@@ -62,7 +63,7 @@ class ParallelState:
     denoiser: nn.Module
     world: RankGroup
     #: The strategy within each batch half and its part; None for the cfg split alone.
-    strategy: PatchStrategy | SequenceStrategy | None
+    strategy: PatchStrategy | PipeFusionStrategy | SequenceStrategy | None
     strategy_part: ParallelPart | None
     cfg_part: ParallelPart | None
     decoder_part: ParallelPart | None
@@ -146,7 +147,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     cfg, degree = config.degrees(world_size)  # before any collective: a bad world fails on every rank
     strategy_cls = STRATEGIES[config.strategy]
     if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
-        strategy_cls.check_model(denoiser, family, degree)
+        strategy_cls.check_model(denoiser, family, degree, config)
     groups = build_mesh(cfg, degree, timedelta(seconds=config.timeout_s))
     device = local_device()
     if device.type == "cuda" and denoiser.device != device:
@@ -173,7 +174,11 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
 
 
 def unparallelize(pipe):
-    """Undo :func:`parallelize` on this instance: hooks, processors and class are restored."""
+    """Undo :func:`parallelize` on this instance: hooks, processors and class are restored.
+
+    With ``strategy="pipefusion"`` it is a collective (each stage's blocks come back from the rank that
+    kept them): call it on every rank, as ``parallelize``.
+    """
     state = getattr(pipe, "_paradiff", None)
     if not isinstance(state, ParallelState):
         return pipe
@@ -189,6 +194,8 @@ def comm_stats(pipe) -> dict:
     """Communication counters of the last ``pipe(...)`` call: bytes per step, waits, exchange counts.
 
     The denoiser's counters include the cfg split's output gathers (``cfg_gathers``, their bytes and waits).
+    With ``strategy="pipefusion"`` they also hold ``idle_share``: the share of the denoiser calls' time
+    this rank waited for another stage (the pipeline's bubble), overall and per step.
     """
     state = getattr(pipe, "_paradiff", None)
     if not isinstance(state, ParallelState):

@@ -15,10 +15,14 @@ only; 0 means the own band alone.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from diffusers.hooks import ModelHook
+from torch import nn
 
+from ..errors import ParadiffError
+from ..models.base import DenoiserFamily
 from ..runtime.comm import Communicator, NeighbourExchange, SlotExchange
 
 
@@ -65,3 +69,28 @@ class KVProjectionHook(ModelHook):
         if self.kv.comm.state.partition is None:  # this call runs whole on every rank
             return output
         return self.kv.complete(output, token_dim=1)
+
+
+def plan_kv_completion(
+    family: DenoiserFamily, layers: list[tuple[str, nn.Module]], kv_pair: Callable[[str], tuple], strategy: str
+) -> tuple[list[tuple[nn.Module, ModelHook]], list[tuple[nn.Module, object]]]:
+    """How each attention layer completes its K/V: ``(hooks on to_k/to_v, processors to install)``.
+
+    ``kv_pair(name)`` makes the layer's key and value completers (objects with ``comm`` and
+    ``complete(local, token_dim)``). Rotary families complete K/V in their own processor; the others
+    through hooks on the two projections, which fused projections do not have.
+    """
+    hooks, processors = [], []
+    for name, attn in layers:
+        processor = family.displaced_processor(attn, lambda name=name: kv_pair(name))
+        if processor is not None:
+            processors.append((attn, processor))
+            continue
+        if getattr(attn, "fused_projections", False):
+            raise ParadiffError(
+                f"attention '{name}' uses fused QKV projections, which the {strategy} strategy cannot split; "
+                "call unfuse_qkv_projections() on the pipeline first"
+            )
+        key, value = kv_pair(name)
+        hooks += [(attn.to_k, KVProjectionHook(key)), (attn.to_v, KVProjectionHook(value))]
+    return hooks, processors

@@ -17,6 +17,30 @@ from ..errors import ParadiffError
 
 
 @dataclass(frozen=True)
+class BlockStack:
+    """Where a DiT's transformer blocks are and how one block hands the token streams to the next.
+
+    A pipeline of stages (``pipefusion``) runs the blocks as one sequence, in the order the denoiser's
+    forward calls them, and needs nothing else from the model: the embeddings before the blocks and
+    the head after them run on every rank.
+    """
+
+    #: ``nn.ModuleList`` attributes of the denoiser, in the order its forward runs them.
+    lists: tuple[str, ...]
+    #: Block argument with the image tokens (whole rows of the grid, row-major).
+    image_arg: str = "hidden_states"
+    #: Block argument with the text tokens when they flow from block to block (joint attention); the
+    #: block then returns ``(text, image)``. None: the block returns the image tokens, and any text it
+    #: attends to is a fixed input (cross-attention).
+    text_arg: str | None = None
+    #: Block argument holding a per-token table (or a tuple of them) along dim 0, text tokens first
+    #: (rotary position embeddings); cut to the text plus the patch's tokens.
+    per_token_arg: str | None = None
+    #: Denoiser arguments that feed the blocks in ways a pipeline of stages cannot honour.
+    unsupported_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Grid:
     """The image's grid at the place a family splits it: ``rows`` × ``cols`` (latent pixels or tokens)."""
 
@@ -95,6 +119,15 @@ class DenoiserFamily:
         """
         return []
 
+    # Pipelines of stages (strategy "pipefusion").
+
+    #: The blocks a pipeline of stages cuts; None: the family cannot run as one.
+    block_stack: BlockStack | None = None
+
+    def block_inputs(self, model: nn.Module, image_tokens: int, text_tokens: int) -> dict:
+        """Arguments of one block call with random tokens (batch 1), to time each kind of block."""
+        raise NotImplementedError
+
     def displaced_processor(self, attn: nn.Module, kv_factory):
         """A processor that completes K/V itself (rotary models); None: hook ``to_k``/``to_v`` instead."""
         return None
@@ -113,6 +146,11 @@ def bind_inputs(model: nn.Module, args: tuple, kwargs: dict) -> inspect.BoundArg
 def slice_rows(tensor: torch.Tensor, dim: int, rows: slice, cols: int = 1) -> torch.Tensor:
     """The rows ``rows`` of ``tensor`` along ``dim``, where each row spans ``cols`` entries of that dim."""
     return tensor.narrow(dim, rows.start * cols, (rows.stop - rows.start) * cols)
+
+
+def random_tokens(model: nn.Module, *shape: int) -> torch.Tensor:
+    """Random activations in the model's device and dtype (for timing blocks; the values do not matter)."""
+    return torch.randn(*shape, device=model.device, dtype=model.dtype)
 
 
 def require(condition: bool, message: str) -> None:

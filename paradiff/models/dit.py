@@ -4,6 +4,10 @@ The patch embedding runs on the whole latent (so positions are right), its token
 the rank's rows, and the projection before un-patchifying is gathered back to the full sequence.
 Joint attention (SD3) keeps the text tokens on every rank: only the image K/V are completed.
 
+A pipeline of stages (``pipefusion``) runs the ``transformer_blocks`` in turn: PixArt's blocks take
+the image tokens and attend to the prompt by cross-attention (a fixed input, whole on every patch);
+SD3's joint blocks carry the text tokens along with the image tokens and return both.
+
 Under diffusers' context parallelism (``ulysses``/``ring``) the same two places split and gather the
 image tokens (diffusers ships no ``_cp_plan`` for these classes, so the plan is declared here).
 PixArt's cross-attention runs on each rank's own queries against the whole prompt, which is exact
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
-from .base import DenoiserFamily, Grid
+from .base import BlockStack, DenoiserFamily, Grid, random_tokens
 from .cp_attention import ContextParallelAttnProcessor, ContextParallelJointAttnProcessor
 
 #: Split a module's single ``(batch, tokens, channels)`` output along the tokens.
@@ -55,6 +59,15 @@ class PatchEmbedDiTFamily(DenoiserFamily):
 class PixArtFamily(PatchEmbedDiTFamily):
     name = "pixart"
     class_names = ("PixArtTransformer2DModel",)
+    block_stack = BlockStack(lists=("transformer_blocks",))
+
+    def block_inputs(self, model, image_tokens, text_tokens):
+        width = model.inner_dim
+        return {
+            "hidden_states": random_tokens(model, 1, image_tokens, width),
+            "encoder_hidden_states": random_tokens(model, 1, text_tokens, width),
+            "timestep": random_tokens(model, 1, 6 * width),  # the adaLN-single modulation
+        }
 
 
 class SD3Family(PatchEmbedDiTFamily):
@@ -63,3 +76,16 @@ class SD3Family(PatchEmbedDiTFamily):
     text_module = "context_embedder"
     context_parallel_text_arg = "encoder_hidden_states"
     context_parallel_processor = ContextParallelJointAttnProcessor
+    block_stack = BlockStack(
+        lists=("transformer_blocks",),
+        text_arg="encoder_hidden_states",
+        unsupported_args=("block_controlnet_hidden_states", "skip_layers"),
+    )
+
+    def block_inputs(self, model, image_tokens, text_tokens):
+        width = model.inner_dim
+        return {
+            "hidden_states": random_tokens(model, 1, image_tokens, width),
+            "encoder_hidden_states": random_tokens(model, 1, text_tokens, model.config.caption_projection_dim),
+            "temb": random_tokens(model, 1, width),
+        }

@@ -6,6 +6,11 @@ the stock processor's steps (diffusers' own projection, norm, rotary and attenti
 and completes the image part of K/V just before attention. The rotary table is sliced with the
 image ids, so each rank's tokens keep their true positions.
 
+A pipeline of stages (``pipefusion``) runs the double-stream ``transformer_blocks`` and then the
+single-stream ``single_transformer_blocks`` as one sequence of blocks: both kinds take and return
+the text and image tokens, and the rotary table is cut to the text plus the patch's tokens; the same
+processor completes each patch's K/V from the layer's buffer of the whole image.
+
 Under diffusers' context parallelism (``ulysses``/``ring``) Flux runs as diffusers ships it: the
 class's own ``_cp_plan`` (text and image tokens and their ids split at the input, ``proj_out``
 gathered) and the stock ``FluxAttnProcessor``, which already routes attention through diffusers'
@@ -24,7 +29,7 @@ from diffusers.models.transformers.transformer_flux import (
 )
 
 from ..errors import ParadiffError
-from .base import DenoiserFamily, Grid, require, slice_rows
+from .base import BlockStack, DenoiserFamily, Grid, random_tokens, require, slice_rows
 
 
 class FluxFamily(DenoiserFamily):
@@ -35,6 +40,22 @@ class FluxFamily(DenoiserFamily):
     unbatched_args = ("img_ids", "txt_ids")
     context_parallel = True
     context_parallel_text_arg = "encoder_hidden_states"
+    block_stack = BlockStack(
+        lists=("transformer_blocks", "single_transformer_blocks"),
+        text_arg="encoder_hidden_states",
+        per_token_arg="image_rotary_emb",
+        unsupported_args=("controlnet_block_samples", "controlnet_single_block_samples"),
+    )
+
+    def block_inputs(self, model, image_tokens, text_tokens):
+        width = model.inner_dim
+        ids = torch.zeros(text_tokens + image_tokens, 3, device=model.device)
+        return {
+            "hidden_states": random_tokens(model, 1, image_tokens, width),
+            "encoder_hidden_states": random_tokens(model, 1, text_tokens, width),
+            "temb": random_tokens(model, 1, width),
+            "image_rotary_emb": model.pos_embed(ids),
+        }
 
     def grid(self, model, latent, inputs):
         ids = _image_ids(inputs)
@@ -72,8 +93,8 @@ class FluxFamily(DenoiserFamily):
     def displaced_processor(self, attn, kv_factory):
         if type(attn.processor) is not FluxAttnProcessor:
             raise ParadiffError(
-                f"Flux attention processor {type(attn.processor).__name__} is not supported by the patch "
-                "strategy; supported: FluxAttnProcessor (call transformer.set_default_attn_processor() "
+                f"Flux attention processor {type(attn.processor).__name__} is not supported by the patch and "
+                "pipefusion strategies; supported: FluxAttnProcessor (call transformer.set_default_attn_processor() "
                 "or unfuse_qkv_projections() first)"
             )
         return DisplacedFluxAttnProcessor(*kv_factory())
@@ -85,10 +106,10 @@ def _image_ids(inputs) -> torch.Tensor:
 
 
 class DisplacedFluxAttnProcessor:
-    """Flux attention whose image keys/values are completed across bands after the rotary embedding.
+    """Flux attention whose image keys/values are completed to the whole image after the rotary embedding.
 
-    The image tokens are the last ``band_tokens`` of the (text + image) sequence in both the
-    double-stream and the single-stream blocks.
+    The rank's image tokens (its band, or the pipeline's current patch) are the last ``band_tokens`` of
+    the (text + image) sequence in both the double-stream and the single-stream blocks.
     """
 
     _attention_backend = None
@@ -99,7 +120,7 @@ class DisplacedFluxAttnProcessor:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         if attention_mask is not None:
-            raise ParadiffError("Flux with an attention mask is not supported by the patch strategy")
+            raise ParadiffError("Flux with an attention mask is not supported by the patch and pipefusion strategies")
         query, key, value, enc_query, enc_key, enc_value = _get_qkv_projections(
             attn, hidden_states, encoder_hidden_states
         )

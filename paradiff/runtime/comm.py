@@ -22,6 +22,10 @@ travel differently (``Communicator.bucket_limit_bytes`` separates them):
   matters: launching a small collective costs about a millisecond of CPU on an oversubscribed host
   (measured with gloo).
 
+A pipeline of stages (``pipefusion``, :mod:`paradiff.runtime.stage_link`) passes activations from
+one stage to the next instead; it also records how long each of its denoiser calls took and how much
+of that it spent idle, waiting for another stage (its pipeline's bubble).
+
 Waits and bytes are counted per step and kind.
 """
 
@@ -46,6 +50,8 @@ STALE = "stale"
 OUTPUT = "output"
 #: The all-gather of the two batch halves' outputs of a CFG split (always synchronous).
 CFG = "cfg"
+#: Activations passed from one pipeline stage to the next (pipefusion).
+PIPE = "pipe"
 
 
 @dataclass
@@ -56,10 +62,19 @@ class StepCounters:
 
 
 @dataclass
+class CallTime:
+    """Seconds spent in the denoiser calls of one step, and the part of them spent waiting for another stage."""
+
+    seconds: float = 0.0
+    idle_s: float = 0.0
+
+
+@dataclass
 class CommStats:
-    """Counters per ``(step, kind)``; reset at each ``pipe(...)`` call."""
+    """Counters per ``(step, kind)``, and per-step call times of pipelined calls; reset at each ``pipe(...)`` call."""
 
     per_step: dict[tuple[int, str], StepCounters] = field(default_factory=lambda: defaultdict(StepCounters))
+    call_times: dict[int, CallTime] = field(default_factory=lambda: defaultdict(CallTime))
 
     def record(self, step: int, kind: str, nbytes: int, wait_s: float = 0.0, exchanges: int = 1) -> None:
         """Add ``exchanges`` layer exchanges (or transfers of the output), bytes sent and seconds blocked."""
@@ -68,8 +83,15 @@ class CommStats:
         counters.bytes_sent += nbytes
         counters.wait_s += wait_s
 
+    def record_call(self, step: int, seconds: float, idle_s: float) -> None:
+        """A pipelined denoiser call took ``seconds``, ``idle_s`` of them waiting for another stage."""
+        times = self.call_times[step]
+        times.seconds += seconds
+        times.idle_s += idle_s
+
     def reset(self) -> None:
         self.per_step.clear()
+        self.call_times.clear()
 
     @classmethod
     def combined(cls, *parts: CommStats) -> CommStats:
@@ -78,6 +100,8 @@ class CommStats:
         for part in parts:
             for (step, kind), c in part.per_step.items():
                 out.record(step, kind, c.bytes_sent, c.wait_s, c.exchanges)
+            for step, times in part.call_times.items():
+                out.record_call(step, times.seconds, times.idle_s)
         return out
 
     def steps(self) -> list[int]:
@@ -96,26 +120,38 @@ class CommStats:
         return out
 
     def summary(self) -> dict:
+        """Totals and per-step rows; with pipelined calls also ``idle_share``: the share of the denoiser
+        calls' time this rank waited for another stage (the pipeline's bubble), overall and per step."""
         steps = self.steps()
         total = self.total()
-        return {
+        summary = {
             "steps": len(steps),
             "bytes_per_step": total.bytes_sent / max(len(steps), 1),
             "wait_s": total.wait_s,
             "sync_layer_exchanges": self.total(SYNC).exchanges,
             "stale_layer_exchanges": self.total(STALE).exchanges,
             "cfg_gathers": self.total(CFG).exchanges,
+            "stage_transfers": self.total(PIPE).exchanges,
             "per_step": [
                 {
                     "step": step,
                     "sync_layer_exchanges": self.count(step, SYNC),
                     "stale_layer_exchanges": self.count(step, STALE),
+                    "stage_transfers": self.count(step, PIPE),
                     "bytes_sent": sum(c.bytes_sent for (s, _), c in self.per_step.items() if s == step),
                     "wait_s": sum(c.wait_s for (s, _), c in self.per_step.items() if s == step),
                 }
                 for step in steps
             ],
         }
+        if self.call_times:
+            seconds = sum(t.seconds for t in self.call_times.values())
+            summary["idle_share"] = sum(t.idle_s for t in self.call_times.values()) / max(seconds, 1e-12)
+            for row in summary["per_step"]:
+                times = self.call_times.get(row["step"])
+                if times is not None:
+                    row["idle_share"] = times.idle_s / max(times.seconds, 1e-12)
+        return summary
 
 
 class Communicator:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from diffusers.hooks import HookRegistry
 from torch import nn
 
+from ..config import ParallelConfig
 from ..errors import ParadiffError
-from ..layers.attention import DisplacedKV, KVProjectionHook
+from ..layers.attention import DisplacedKV, plan_kv_completion
 from ..layers.group_norm import BandGroupNormHook
 from ..layers.halo_conv import HaloConv2dHook, check_halo_conv, needs_halo
 from ..layers.split import BandSplitHook, TokenGatherHook, TokenSliceHook, band_rows_error
@@ -38,7 +39,7 @@ class InstalledPatch:
             module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
         for attn, processor in self.processors:
             attn.set_processor(processor)
-        _invalidate_hook_cache(self.denoiser)
+        invalidate_hook_cache(self.denoiser)
 
 
 class PatchStrategy:
@@ -54,7 +55,7 @@ class PatchStrategy:
         return cls(partial_context=config.partial_context)
 
     @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int) -> None:
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
         """Nothing more to refuse: every family paradiff knows runs in row bands; sizes are checked per call."""
 
     def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
@@ -85,23 +86,12 @@ class PatchStrategy:
                     plan.append((module, HaloConv2dHook(comm, name, next(tags))))
                 elif isinstance(module, nn.GroupNorm):
                     plan.append((module, BandGroupNormHook(comm, name)))
-        processors = []
-        for name, attn in family.self_attention(denoiser):
 
-            def kv_pair(name=name):
-                return tuple(DisplacedKV(comm, f"{name}.{p}", next(tags), self.partial_context) for p in "kv")
+        def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
+            return tuple(DisplacedKV(comm, f"{name}.{p}", next(tags), self.partial_context) for p in "kv")
 
-            processor = family.displaced_processor(attn, kv_pair)
-            if processor is not None:
-                processors.append((attn, processor))
-                continue
-            if getattr(attn, "fused_projections", False):
-                raise ParadiffError(
-                    f"attention '{name}' uses fused QKV projections, which the patch strategy cannot split; "
-                    "call unfuse_qkv_projections() on the pipeline first"
-                )
-            key, value = kv_pair()
-            plan += [(attn.to_k, KVProjectionHook(key)), (attn.to_v, KVProjectionHook(value))]
+        kv_hooks, processors = plan_kv_completion(family, family.self_attention(denoiser), kv_pair, self.name)
+        plan += kv_hooks
 
         hook(denoiser, BandSplitHook(family, comm, vae_scale_factor))
         if family.token_module:
@@ -113,11 +103,11 @@ class PatchStrategy:
         for attn, processor in processors:
             installed.processors.append((attn, attn.processor))
             attn.set_processor(processor)
-        _invalidate_hook_cache(denoiser)
+        invalidate_hook_cache(denoiser)
         return installed
 
 
-def _invalidate_hook_cache(module: nn.Module) -> None:
+def invalidate_hook_cache(module: nn.Module) -> None:
     registry = HookRegistry.check_if_exists_or_initialize(module)
     if hasattr(registry, "invalidate_child_registries_cache"):
         registry.invalidate_child_registries_cache()

@@ -50,6 +50,7 @@ from diffusers.hooks.context_parallel import remove_context_parallel
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 from torch import nn
 
+from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..layers.sequence import AttentionTrafficHook, SequenceCheckHook
 from ..models import FAMILIES, DenoiserFamily
@@ -106,7 +107,7 @@ class SequenceStrategy:
         return cls(groups)
 
     @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int) -> None:
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
         """Refuse, before any collective, a model this strategy cannot run over ``degree`` ranks."""
         name = type(denoiser).__name__
         if not family.context_parallel:
@@ -170,8 +171,8 @@ class UlyssesStrategy(SequenceStrategy):
     sequence_dim = "ulysses"
 
     @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int) -> None:
-        super().check_model(denoiser, family, degree)
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
+        super().check_model(denoiser, family, degree, config)
         heads = denoiser.config.num_attention_heads
         if heads % degree:
             fits = " or ".join(str(n) for n in range(2, heads + 1) if heads % n == 0)

@@ -1,0 +1,247 @@
+"""Hooks that run a DiT's blocks as a pipeline of stages over patches of token rows (``pipefusion``).
+
+The denoiser's own forward still runs on every rank: embeddings, the loop over the blocks, the head.
+Each block carries a hook. On the first block of this rank's stage the hook runs the whole stage over
+every patch of the call (receiving each patch from the previous stage, sending it on to the next);
+every other block hands its input on unchanged, because another rank computes it or the stage's run
+already did. The last stage's run returns the whole sequence, so the head computes the true output
+there; the hook on the denoiser then overwrites the other ranks' output with it.
+
+A call runs the whole sequence as one patch (exact: every attention layer sees this step's keys and
+values of every token) during warm-up, and in ``M`` patches of whole rows afterwards: each attention
+layer keeps a buffer of the whole image's K/V (:class:`PatchKV`), overwrites the current patch's slice
+and attends to the whole buffer, so patches done this step are fresh and the others one step stale.
+``state.partition`` names the current patch (``parts`` = patches, ``rank`` = patch index), which is
+what the K/V completion of every family reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from diffusers.hooks import ModelHook
+from torch import nn
+
+from ..errors import ParadiffError
+from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs
+from ..runtime.comm import Communicator
+from ..runtime.stage_link import StageLink
+from ..runtime.step_state import RowPartition
+from .split import CallContextName, output_sample, replace_output_sample
+
+
+def plan_patches(rows: int, requested: int | None, stages: int, pixels: int) -> int:
+    """How many patches of whole rows a call of ``rows`` token rows runs in; raises naming the sizes that work.
+
+    ``requested`` None: the divisor of ``rows`` nearest to twice the stages, and at least the stages.
+    """
+    height = rows * pixels
+    if requested is None:
+        if rows < stages:
+            raise ParadiffError(
+                f"strategy='pipefusion' gives each of its {stages} stages at least one row of tokens per patch, but "
+                f"height {height} has only {rows} rows of {pixels} pixels; use a height of at least {stages * pixels}"
+            )
+        return min((m for m in range(stages, rows + 1) if rows % m == 0), key=lambda m: (abs(m - 2 * stages), m))
+    if rows % requested == 0:
+        return requested
+    step = requested * pixels
+    lower, upper = (height // step) * step, (height // step + 1) * step
+    heights = f"{lower} or {upper}" if lower else str(upper)
+    fits = [m for m in range(stages, rows + 1) if rows % m == 0]
+    patches = f", or pipefusion_patches={' or '.join(map(str, fits))} at this height" if fits else ""
+    raise ParadiffError(
+        f"pipefusion_patches={requested} cuts the image into {requested} patches of whole token rows, but height "
+        f"{height} has {rows} rows of {pixels} pixels, which is not divisible by {requested}; use height {heights}"
+        f"{patches}"
+    )
+
+
+@dataclass
+class KVSlot:
+    """One layer's K (or V) buffer of the whole image, for one call context and call slot."""
+
+    tensor: torch.Tensor | None = None
+
+
+class PatchKV:
+    """One attention layer's keys (or values) of the whole image, refreshed patch by patch.
+
+    A whole-sequence call stores them; a patch call overwrites the patch's slice and returns the whole
+    buffer. Buffers are kept per call context and call slot, in the layer's own dtype, and forgotten at
+    every ``pipe(...)`` call (they live in the step state's per-run buffers). Attention processors must
+    not modify the returned keys and values in place (the stock ones do not).
+    """
+
+    def __init__(self, comm: Communicator, name: str):
+        self.comm, self.name = comm, name
+
+    def complete(self, local: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
+        state = self.comm.state
+        part, slot = state.partition, state.exchange(self.name, KVSlot)
+        if part.parts == 1:
+            slot.tensor = local
+            return local
+        slot.tensor.narrow(token_dim, part.row_start * part.cols, part.band_tokens).copy_(local)
+        return slot.tensor
+
+
+@dataclass
+class KVFilled:
+    """Whether a call context and call slot has run once this ``pipe(...)`` call, filling its K/V buffers."""
+
+    value: bool = False
+
+
+class PipelineCall:
+    """What the hooks of one denoiser share about the current call: its grid, patches and stage link."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.grid: Grid | None = None
+        self.patches = 1
+
+    @property
+    def link(self) -> StageLink:
+        return self.comm.state.exchange("paradiff.pipefusion.link", lambda: StageLink(self.comm))
+
+
+class PipelineCallHook(ModelHook):
+    """On the denoiser: counts the step, decides the call's patches, shares the last stage's output."""
+
+    _is_stateful = True
+
+    def __init__(
+        self, family: DenoiserFamily, call: PipelineCall, requested_patches: int | None, vae_scale_factor: int
+    ):
+        super().__init__()
+        self.family, self.call, self.vae_scale_factor = family, call, vae_scale_factor
+        self.requested = requested_patches
+        self.context = CallContextName()
+        self.started = 0.0
+
+    def pre_forward(self, module, *args, **kwargs):
+        family, comm = self.family, self.call.comm
+        inputs = bind_inputs(module, args, kwargs).arguments
+        passed = [name for name in family.block_stack.unsupported_args if inputs.get(name) is not None]
+        if passed:
+            raise ParadiffError(
+                f"strategy='pipefusion' cannot pass {', '.join(passed)} to the blocks of {type(module).__name__}; "
+                "use strategy='patch' for such calls"
+            )
+        grid = family.grid(module, inputs[family.latent_arg], inputs)
+        pixels = family.pixels_per_row(module, self.vae_scale_factor)
+        patches = plan_patches(grid.rows, self.requested, comm.size, pixels)
+        state = comm.state
+        state.enter_call(self.context.name, inputs[family.timestep_arg])
+        filled = state.exchange("paradiff.pipefusion.filled", KVFilled).value
+        self.call.grid = grid
+        self.call.patches = patches if filled and not state.synchronous else 1
+        self.call.link.begin_call()
+        self.started = time.perf_counter()
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        state, link = self.call.comm.state, self.call.link
+        sample = output_sample(output).contiguous()
+        link.share_output(sample)
+        state.exchange("paradiff.pipefusion.filled", KVFilled).value = True
+        self.call.comm.stats.record_call(state.step, time.perf_counter() - self.started, link.idle_s)
+        return replace_output_sample(output, sample)
+
+    def reset_state(self, module):
+        return module
+
+
+def block_output(stack: BlockStack, image: torch.Tensor, text: torch.Tensor | None):
+    """What a block of ``stack`` returns: the image tokens, or ``(text, image)`` when text flows through."""
+    return image if stack.text_arg is None else (text, image)
+
+
+class PassThroughHook(ModelHook):
+    """On every block but the stage's first: hands the block's input on unchanged.
+
+    Another rank holds the block, or this rank's stage run has already computed it.
+    """
+
+    def __init__(self, stack: BlockStack):
+        super().__init__()
+        self.stack = stack
+
+    def new_forward(self, module, *args, **kwargs):
+        inputs = bind_inputs(module, args, kwargs).arguments
+        return block_output(self.stack, inputs[self.stack.image_arg], inputs.get(self.stack.text_arg))
+
+
+class StageEntryHook(ModelHook):
+    """On the first block of this rank's stage: runs the whole stage over every patch of the call."""
+
+    def __init__(self, stage: Stage):
+        super().__init__()
+        self.stage = stage
+
+    def new_forward(self, module, *args, **kwargs):
+        return self.stage.run(bind_inputs(module, args, kwargs))
+
+
+class Stage:
+    """This rank's contiguous blocks of the pipeline.
+
+    ``forwards`` gives the blocks' own forwards (beneath paradiff's hooks), in block order.
+    """
+
+    def __init__(self, stack: BlockStack, call: PipelineCall, forwards: Callable[[], list[Callable]]):
+        self.stack, self.call, self.forwards = stack, call, forwards
+
+    def run(self, bound):
+        stack, call, link = self.stack, self.call, self.call.link
+        state, grid, patches = call.comm.state, call.grid, call.patches
+        inputs = bound.arguments
+        image, text = inputs[stack.image_arg], inputs.get(stack.text_arg) if stack.text_arg else None
+        batch, tokens, width = image.shape
+        per_patch, text_tokens = tokens // patches, 0 if text is None else text.shape[1]
+        if not link.first:
+            link.expect(patches, (batch, per_patch + text_tokens, width), image)
+        output = torch.empty_like(image) if link.last else None
+        per_token = inputs.get(stack.per_token_arg) if stack.per_token_arg else None
+        forwards = self.forwards()
+        for m in range(patches):
+            state.partition = RowPartition(grid.rows, grid.cols, patches, m)
+            span = slice(m * per_patch, (m + 1) * per_patch)
+            if link.first:
+                x, t = image[:, span], text
+            else:
+                message = link.receive(m)
+                x, t = message[:, :per_patch], (message[:, per_patch:] if text is not None else None)
+            if per_token is not None and patches > 1:
+                inputs[stack.per_token_arg] = _cut_per_token(per_token, text_tokens, span)
+            for forward in forwards:
+                inputs[stack.image_arg] = x
+                if text is not None:
+                    inputs[stack.text_arg] = t
+                result = forward(*bound.args, **bound.kwargs)
+                t, x = result if text is not None else (None, result)
+            if link.last:
+                output[:, span] = x
+            else:
+                link.send(m, x if text is None else torch.cat([x, t], dim=1))
+        link.finish()
+        if not link.last:
+            return block_output(stack, image, text)
+        return block_output(stack, output, t)
+
+
+def _cut_per_token(value, text_tokens: int, span: slice):
+    """The text entries and the entries of the image tokens ``span`` of a per-token table (or tuple of them)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cut_per_token(v, text_tokens, span) for v in value)
+    start, stop = text_tokens + span.start, text_tokens + span.stop
+    return torch.cat([value[:text_tokens], value[start:stop]])
+
+
+def stage_blocks(model: nn.Module, stack: BlockStack) -> list[tuple[str, nn.Module]]:
+    """Every block of ``stack`` as ``(name, module)``, in the order the forward runs them."""
+    return [(f"{name}.{index}", block) for name in stack.lists for index, block in enumerate(getattr(model, name))]

@@ -1,0 +1,89 @@
+"""Point-to-point transfers between neighbouring stages of a pipeline (``pipefusion``).
+
+Stage ``s`` (rank ``s`` of the strategy's group) receives each patch's activations from stage ``s−1``
+and sends its own to stage ``s+1``. At the start of a denoiser call a stage posts the receives of
+every patch at once, so each transfer lands while the stage computes earlier patches; its sends are
+asynchronous too, and it waits for them only when its last patch is out. Patch ``m`` travels with tag
+``m``; both sides post in patch order, which is what NCCL (which ignores tags) needs. After the last
+stage the denoiser's output goes to every rank with one broadcast.
+
+Every wait is bounded by the group's timeout and counted: as bytes and waits per step (kinds ``pipe``
+and ``output``) and as the current call's idle time, the share of the pipeline's bubble this rank sees.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .comm import OUTPUT, PIPE, Communicator
+
+
+class StageLink:
+    """This stage's transfers within one call context and call slot; its receive buffers are reused."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.buffers: list[torch.Tensor] = []
+        self.receives: list = []
+        self.sends: list[tuple[object, torch.Tensor]] = []
+        #: Seconds this rank waited for another stage during the current call.
+        self.idle_s = 0.0
+
+    @property
+    def first(self) -> bool:
+        return self.comm.rank == 0
+
+    @property
+    def last(self) -> bool:
+        return self.comm.rank == self.comm.size - 1
+
+    def begin_call(self) -> None:
+        self.idle_s = 0.0
+
+    def expect(self, count: int, shape: tuple[int, ...], like: torch.Tensor) -> None:
+        """Post the receives of ``count`` messages of ``shape`` from the previous stage (``like``'s dtype, device)."""
+        if len(self.buffers) != count or tuple(self.buffers[0].shape) != shape or self.buffers[0].dtype != like.dtype:
+            self.buffers = [like.new_empty(shape) for _ in range(count)]
+        source = self.comm.ranks.global_rank(self.comm.rank - 1)
+        group = self.comm.ranks.group
+        self.receives = [dist.irecv(buffer, source, group=group, tag=m) for m, buffer in enumerate(self.buffers)]
+
+    def receive(self, index: int) -> torch.Tensor:
+        """Message ``index`` from the previous stage, waiting for it if it has not arrived yet."""
+        self._waited(PIPE, self.comm.wait([self.receives[index]]))
+        return self.buffers[index]
+
+    def send(self, index: int, tensor: torch.Tensor) -> None:
+        """Start sending message ``index`` (``tensor``, kept alive until sent) to the next stage."""
+        tensor = tensor.contiguous()
+        target = self.comm.ranks.global_rank(self.comm.rank + 1)
+        work = dist.isend(tensor, target, group=self.comm.ranks.group, tag=index)
+        self.sends.append((work, tensor))
+        self.comm.stats.record(self.comm.state.step, PIPE, tensor.numel() * tensor.element_size())
+
+    def finish(self) -> None:
+        """Wait until the next stage has every message of this call."""
+        self._waited(PIPE, self.drain())
+
+    def share_output(self, sample: torch.Tensor) -> None:
+        """Overwrite ``sample`` in place with the last stage's (one broadcast; every rank then holds it)."""
+        comm = self.comm
+        source = comm.ranks.global_rank(comm.size - 1)
+        work = dist.broadcast(sample, source, group=comm.ranks.group, async_op=True)
+        wait_s = comm.wait([work])
+        sent = sample.numel() * sample.element_size() * (comm.size - 1) if self.last else 0
+        comm.stats.record(comm.state.step, OUTPUT, sent, wait_s)
+        self.idle_s += wait_s
+
+    def drain(self) -> float:
+        """Wait for the sends still in flight; returns the seconds blocked."""
+        if not self.sends:
+            return 0.0
+        wait_s = self.comm.wait([work for work, _ in self.sends])
+        self.sends = []
+        return wait_s
+
+    def _waited(self, kind: str, wait_s: float) -> None:
+        self.comm.stats.record(self.comm.state.step, kind, 0, wait_s, exchanges=0)
+        self.idle_s += wait_s

@@ -1,0 +1,280 @@
+"""PipeFusion (`pipefusion`): stages of DiT blocks on the ranks, patches of token rows flowing through them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from patch_cases import _hooks_left, check_exact_and_restored, expect_error, generate
+
+import paradiff
+from paradiff import ParadiffError
+from paradiff.layers.stages import plan_patches, stage_blocks
+from paradiff.metrics import psnr
+from paradiff.models import family_of
+from paradiff.strategies import STRATEGIES
+from paradiff.strategies.stage_cut import balanced_cut
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+TOLERANCE = 1e-4
+
+
+def deeper_pipeline(family: str, blocks: int | None = None):
+    """The tiny pipeline of ``family``, with a transformer of ``blocks`` blocks (seeded: the same on every rank)."""
+    pipe = build_pipeline(family)
+    if blocks is None:
+        return pipe
+    model = pipe.transformer
+    layers = {"num_layers": blocks}
+    if family == "flux":
+        layers = {"num_layers": blocks // 2, "num_single_layers": blocks - blocks // 2}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        pipe.transformer = type(model).from_config({**model.config, **layers}).eval()
+    return pipe
+
+
+def parameter_counts(model) -> dict:
+    """Parameters resident in ``model`` (freed ones hold no elements): in its blocks, the largest block, the rest."""
+    blocks = [block for _, block in stage_blocks(model, family_of(model).block_stack)]
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    return {
+        "blocks": sum(p.numel() for p in model.parameters() if id(p) in in_blocks),
+        "largest_block": max(sum(p.numel() for p in block.parameters()) for block in blocks),
+        "others": sum(p.numel() for p in model.parameters() if id(p) not in in_blocks),
+    }
+
+
+def pipefusion_vs_one_device(
+    family: str, size: int, steps: int, warmup: int, blocks: int | None = None, strategy: str = "pipefusion", **options
+):
+    """One device vs ``strategy`` on this rank; also the parameters each rank holds and the restored weights."""
+    pipe = deeper_pipeline(family, blocks)
+    model = pipe.transformer
+    inputs = prompt_inputs(pipe, family)
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    before = parameter_counts(model)
+    original_class = type(pipe)
+    reference = generate(pipe, inputs, size, steps)
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, **options)
+    parallel_class = type(pipe)
+    resident = parameter_counts(model)
+    cut = getattr(pipe._paradiff.strategy_part.installed, "cut", None)
+    parallel = generate(pipe, inputs, size, steps)
+    stats = paradiff.comm_stats(pipe)
+    paradiff.unparallelize(pipe)
+    restored = generate(pipe, inputs, size, steps)
+    return {
+        "rank": dist.get_rank(),
+        "max_error": float(np.abs(parallel - reference).max()),
+        "psnr_db": psnr(parallel, reference),
+        "restored_error": float(np.abs(restored - reference).max()),
+        "weights_restored": all(torch.equal(p, weights[name]) for name, p in model.named_parameters()),
+        "class_changed": parallel_class is not original_class and isinstance(pipe, original_class),
+        "class_restored": type(pipe) is original_class and not hasattr(pipe, "_paradiff"),
+        "hooks_left": _hooks_left(pipe),
+        "image": parallel,
+        "stats": stats,
+        "before": before,
+        "resident": resident,
+        "cut": cut,
+        "device": str(model.device),
+    }
+
+
+def _check_exact(results, steps: int, cfg_gathers: int = 0) -> None:
+    check_exact_and_restored(results, steps, TOLERANCE)
+    for result in results:
+        stats = result["stats"]
+        assert result["weights_restored"]
+        assert stats["cfg_gathers"] == cfg_gathers
+        assert stats["sync_layer_exchanges"] == 0 and 0.0 <= stats["idle_share"] < 1.0
+        assert all(row["stage_transfers"] <= 1 for row in stats["per_step"])  # warm-up: the whole sequence at once
+    assert sum(r["stats"]["stage_transfers"] for r in results) > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
+def test_exact_at_2_ranks(pool2, family):
+    steps = 2
+    _check_exact(pool2.run(pipefusion_vs_one_device, family, 64, steps, warmup=steps), steps)
+
+
+@pytest.mark.timeout(300)
+def test_exact_at_4_ranks(pool4):
+    steps = 2
+    results = pool4.run(pipefusion_vs_one_device, "pixart", 64, steps, warmup=steps, blocks=4)
+    _check_exact(results, steps)
+    assert all(result["cut"] == (1, 1, 1, 1) for result in results)
+
+
+@pytest.mark.timeout(300)
+def test_cfg_times_pipefusion_is_exact_at_4_ranks(pool4):
+    steps = 2
+    results = pool4.run(pipefusion_vs_one_device, "sd3", 64, steps, warmup=steps, cfg_parallel=True)
+    _check_exact(results, steps, cfg_gathers=steps)
+
+
+@pytest.mark.timeout(300)
+def test_each_rank_holds_its_stage_only(pool2):
+    """4 blocks on 2 ranks: at most half the blocks' parameters (+ one block of rounding), all the rest."""
+    results = pool2.run(pipefusion_vs_one_device, "flux", 64, 2, warmup=2, blocks=4)
+    for result in results:
+        before, resident = result["before"], result["resident"]
+        assert resident["blocks"] <= before["blocks"] / 2 + before["largest_block"]
+        assert resident["blocks"] < before["blocks"]
+        assert resident["others"] == before["others"]  # embeddings and head stay whole on every rank
+        assert result["device"] == "cpu"
+    assert sum(r["resident"]["blocks"] for r in results) == results[0]["before"]["blocks"]
+
+
+@pytest.mark.timeout(300)
+def test_a_cut_given_by_the_user(pool2):
+    results = pool2.run(pipefusion_vs_one_device, "pixart", 64, 2, warmup=2, blocks=4, pipefusion_stages=(1, 3))
+    _check_exact(results, 2)
+    block = results[0]["before"]["blocks"] // 4
+    assert [r["resident"]["blocks"] for r in results] == [block, 3 * block]
+
+
+def _per_step(result) -> dict:
+    return {row["step"]: row for row in result["stats"]["per_step"]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
+def test_displaced_runs_close_and_moves_few_bytes(pool2, family):
+    """After warm-up the patches flow through the stages: close to one device, and few bytes next to `patch`."""
+    steps, warmup, blocks = 4, 1, 4
+    pipefusion = pool2.run(pipefusion_vs_one_device, family, 128, steps, warmup=warmup, blocks=blocks)
+    for result in pipefusion:
+        rows = _per_step(result)
+        assert all(row["stage_transfers"] <= 1 for step, row in rows.items() if step <= warmup)
+        assert result["max_error"] > 1e-6 and np.isfinite(result["image"]).all()
+        assert result["psnr_db"] > 30.0
+        assert result["weights_restored"] and result["restored_error"] == 0.0
+    assert _per_step(pipefusion[0])[steps - 1]["stage_transfers"] == 4  # 128 px: 8 token rows, 4 patches on 2 stages
+    np.testing.assert_array_equal(pipefusion[0]["image"], pipefusion[1]["image"])
+    if family == "pixart":  # the same model under `patch`: K/V of every layer instead of the stage borders
+        patch = pool2.run(pipefusion_vs_one_device, family, 128, steps, warmup, blocks, strategy="patch")
+        last = steps - 1
+        ours = max(_per_step(r)[last]["bytes_sent"] for r in pipefusion)
+        theirs = max(_per_step(r)[last]["bytes_sent"] for r in patch)
+        print(f"{family}: bytes per displaced step per rank, pipefusion {ours}, patch {theirs}")
+        assert ours <= theirs / blocks
+
+
+def two_calls(family: str, steps: int, warmup: int) -> dict:
+    """The second of two calls (another prompt) equals that call made first on a fresh parallelized pipeline."""
+    pipe = paradiff.parallelize(deeper_pipeline(family, 4), strategy="pipefusion", warmup_steps=warmup)
+    first = prompt_inputs(pipe, family, seed=1)
+    second = prompt_inputs(pipe, family, seed=2)
+    generate(pipe, first, 128, steps)
+    after_other = generate(pipe, second, 128, steps)
+    paradiff.unparallelize(pipe)
+    pipe = paradiff.parallelize(pipe, strategy="pipefusion", warmup_steps=warmup)
+    fresh = generate(pipe, second, 128, steps)
+    paradiff.unparallelize(pipe)
+    return {"difference": float(np.abs(after_other - fresh).max())}
+
+
+@pytest.mark.timeout(300)
+def test_stale_buffers_never_cross_calls(pool2):
+    for result in pool2.run(two_calls, "pixart", 4, 1):
+        assert result["difference"] == 0.0
+
+
+@pytest.mark.timeout(120)
+def test_rows_that_do_not_divide_into_patches_fail_clearly(pool2):
+    message = (
+        "pipefusion_patches=3 cuts the image into 3 patches of whole token rows, but height 64 has 4 rows of 16 "
+        "pixels, which is not divisible by 3; use height 48 or 96, or pipefusion_patches=2 or 4 at this height"
+    )
+    results = pool2.run(expect_error, "pixart", "height=64", strategy="pipefusion", pipefusion_patches=3)
+    assert results == [message, message]
+
+
+@pytest.mark.parametrize(
+    ("family", "world", "options", "message"),
+    [
+        (
+            "sd",
+            2,
+            {},
+            r"strategy='pipefusion' does not support UNet2DConditionModel: it cuts a transformer's sequence of blocks "
+            r"into stages; supported: PixArtTransformer2DModel, SD3Transformer2DModel, FluxTransformer2DModel",
+        ),
+        (
+            "pixart",
+            4,
+            {},
+            r"gives each of its 4 stages \(one per rank\) at least one block, but this PixArtTransformer2DModel has 2 "
+            r"transformer blocks; run it on at most 2 ranks",
+        ),
+        (
+            "pixart",
+            4,
+            {"pipefusion_patches": 2},
+            r"pipefusion_patches=2 is fewer than the 4 pipeline stages \(one per rank\): .* pipefusion_patches >= 4",
+        ),
+        (
+            "pixart",
+            2,
+            {"pipefusion_stages": (1, 2)},
+            r"pipefusion_stages=\[1, 2\] cuts 3 blocks, but this PixArtTransformer2DModel has 2 transformer blocks",
+        ),
+        (
+            "pixart",
+            4,
+            {"pipefusion_stages": (1, 1), "cfg_parallel": True, "pipefusion_patches": 1},
+            r"pipefusion_patches=1 is fewer than the 2 pipeline stages \(one per rank per CFG half\)",
+        ),
+        (
+            "pixart",
+            2,
+            {"pipefusion_stages": (2,)},
+            r"pipefusion_stages=\[2\] gives 1 stages, but the pipeline has 2 \(one per rank\)",
+        ),
+    ],
+)
+def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group exists: it must fail before creating one
+    pipe = build_pipeline(family)
+    with pytest.raises(ParadiffError, match=message):
+        paradiff.parallelize(pipe, strategy="pipefusion", **options)
+    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+
+
+def test_fused_projections_fail_before_any_collective(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipe = build_pipeline("pixart")
+    pipe.transformer.fuse_qkv_projections()
+    with pytest.raises(ParadiffError, match="uses fused QKV projections, which the pipefusion strategy cannot split"):
+        paradiff.parallelize(pipe, strategy="pipefusion")
+    assert not dist.is_initialized()
+
+
+def test_options_belong_to_pipefusion():
+    with pytest.raises(ParadiffError, match="pipefusion_patches is an option of the pipefusion strategy, not of"):
+        paradiff.ParallelConfig(strategy="patch", pipefusion_patches=4)
+    with pytest.raises(ParadiffError, match="pipefusion_stages must be None or the number of blocks of each stage"):
+        paradiff.ParallelConfig(strategy="pipefusion", pipefusion_stages=(2, 0))
+    assert "pipefusion" in paradiff.config.STRATEGY_NAMES and "'pipefusion'" in paradiff.config.SUPPORTED_COMBINATIONS
+    assert STRATEGIES["pipefusion"].uses_warmup
+
+
+def test_patches_default_to_about_twice_the_stages():
+    assert plan_patches(32, None, 2, 16) == 4
+    assert plan_patches(6, None, 2, 16) == 3  # the divisor nearest to 4
+    assert plan_patches(64, None, 4, 16) == 8
+    assert plan_patches(5, None, 2, 16) == 5  # a prime row count: one patch per row
+    with pytest.raises(ParadiffError, match="height 16 has only 1 rows of 16 pixels; use a height of at least 32"):
+        plan_patches(1, None, 2, 16)
+
+
+def test_balanced_cut():
+    assert balanced_cut([1.0] * 4, 2) == (2, 2)
+    assert balanced_cut([1.0] * 5, 2) == (2, 3)
+    assert balanced_cut([2.0, 2.0, 1.0, 1.0, 1.0, 1.0], 2) == (2, 4)
+    assert balanced_cut([1.0, 1.0, 1.0, 9.0], 2) == (3, 1)
+    assert balanced_cut([1.0] * 4, 4) == (1, 1, 1, 1)
