@@ -7,16 +7,19 @@ from dataclasses import dataclass
 
 from .errors import ParadiffError
 
-STRATEGY_NAMES = ("patch", "pipefusion", "cfg", "ulysses", "ring")
+STRATEGY_NAMES = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses", "ring")
 
 #: What runs together, and on how many ranks; named by every error about a combination.
 SUPPORTED_COMBINATIONS = (
-    "strategy='patch', 'pipefusion', 'ulysses' or 'ring' (world = its degree), strategy='cfg' (world = 2), "
-    "strategy='patch', 'pipefusion', 'ulysses' or 'ring' with cfg_parallel=True (world = 2 × its degree)"
+    "strategy='patch', 'pipefusion', 'parastep', 'ulysses' or 'ring' (world = its degree), strategy='cfg' "
+    "(world = 2), strategy='patch', 'pipefusion', 'parastep', 'ulysses' or 'ring' with cfg_parallel=True "
+    "(world = 2 × its degree), strategy='asyncdiff' (world = its components, + 1 with asyncdiff_stride=2)"
 )
 
 #: Options that only the pipefusion strategy reads.
 _PIPEFUSION_OPTIONS = ("pipefusion_patches", "pipefusion_stages")
+#: Options that only the asyncdiff strategy reads, with their defaults.
+_ASYNCDIFF_OPTIONS = {"asyncdiff_stride": 1, "asyncdiff_cut": None}
 
 
 @dataclass(frozen=True)
@@ -25,12 +28,14 @@ class ParallelConfig:
 
     Attributes:
         strategy: ``"patch"`` (displaced patch parallelism, DistriFusion), ``"pipefusion"`` (displaced
-            patch pipeline parallelism, PipeFusion: each rank holds a stage of the DiT's blocks), ``"cfg"``
+            patch pipeline parallelism, PipeFusion: each rank holds a stage of the DiT's blocks),
+            ``"parastep"`` (step parallelism, ParaStep: N ranks compute N consecutive steps at once), ``"cfg"``
             (the two halves of the batch, CFG's unconditional and conditional ones, on two ranks; exact),
             or ``"ulysses"`` / ``"ring"`` (exact sequence parallelism, diffusers' own context parallelism).
         warmup_steps: the first step and this many more exchange fresh activations (exact); later
             steps reuse the other ranks' activations from the previous step. A value at least the
-            number of inference steps reproduces the one-device result.
+            number of inference steps reproduces the one-device result. With ``parastep`` these steps
+            run on every rank alike; later steps go in rounds, one step per rank.
         partial_context: PCPP. ``None`` (default): after warm-up every band attends to the whole
             image. A fraction ``p`` in [0, 1]: after warm-up a band attends to itself plus the ``p``
             of each neighbouring band nearest the border, received from its two neighbours only;
@@ -42,6 +47,11 @@ class ParallelConfig:
             stage's matrix products too small to run efficiently).
         pipefusion_stages: PipeFusion. Number of transformer blocks of each stage, in block order (one entry
             per rank of the pipeline); ``None`` (default): contiguous stages of about equal measured cost.
+        asyncdiff_stride: AsyncDiff. 1: N components on N ranks, one step per parallel round. 2: N components on
+            N + 1 ranks, two steps per round (the components run at the next step's timestep while the extra rank
+            runs the last component at this step's).
+        asyncdiff_cut: AsyncDiff. Number of units (a DiT's blocks; a U-Net's down, mid and up blocks) of each
+            component, in forward order; ``None`` (default): contiguous components of about equal measured cost.
         bucket_limit_bytes: on displaced steps, a layer's piece smaller than this is packed with the
             other small pieces into one transfer per denoiser call (few launches); larger pieces are sent
             on their own as soon as they exist (a whole step to arrive behind the compute).
@@ -61,6 +71,8 @@ class ParallelConfig:
     parallel_vae: bool = True
     timeout_s: float = 600.0
     cfg_parallel: bool = False
+    asyncdiff_stride: int = 1
+    asyncdiff_cut: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.strategy not in STRATEGY_NAMES:
@@ -92,6 +104,7 @@ class ParallelConfig:
                 f"partial_context is an option of the patch strategy and strategy='{self.strategy}' has no row "
                 f"bands; supported: {SUPPORTED_COMBINATIONS}"
             )
+        self._check_asyncdiff_options()
         for option in _PIPEFUSION_OPTIONS:
             if self.strategy != "pipefusion" and getattr(self, option) is not None:
                 raise ParadiffError(
@@ -100,6 +113,23 @@ class ParallelConfig:
                 )
         if self.strategy == "cfg":
             object.__setattr__(self, "cfg_parallel", True)  # the cfg split alone: redundant to ask for it twice
+
+    def _check_asyncdiff_options(self) -> None:
+        if self.asyncdiff_stride not in (1, 2):
+            raise ParadiffError(f"asyncdiff_stride must be 1 or 2, got {self.asyncdiff_stride!r}")
+        cut = self.asyncdiff_cut
+        if cut is not None:
+            if not isinstance(cut, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in cut):
+                raise ParadiffError(
+                    f"asyncdiff_cut must be None or the number of units of each component (integers >= 1), got {cut!r}"
+                )
+            object.__setattr__(self, "asyncdiff_cut", tuple(cut))
+        for option, default in _ASYNCDIFF_OPTIONS.items():
+            if self.strategy != "asyncdiff" and getattr(self, option) != default:
+                raise ParadiffError(
+                    f"{option} is an option of the asyncdiff strategy, not of strategy='{self.strategy}'; "
+                    f"supported: {SUPPORTED_COMBINATIONS}"
+                )
 
     def degrees(self, world_size: int) -> tuple[int, int]:
         """``(cfg groups, ranks per group)`` for ``world_size`` ranks, checked before any collective.

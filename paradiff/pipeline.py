@@ -4,7 +4,9 @@ The pipeline keeps its own ``__call__`` loop (CFG combine, scheduler, callbacks,
 (1) installs the strategy's hooks on the pipeline's denoiser and (2) moves this one instance to a
 subclass of its own class whose ``__call__`` resets the step state, makes the starting noise agree
 across ranks and then calls the stock ``__call__``. No class is modified; ``isinstance`` checks and
-attribute access behave as before, and ``unparallelize`` restores the original class.
+attribute access behave as before, and ``unparallelize`` restores the original class. Step
+parallelism (``parastep``) also steers the loop: for the duration of each call it wraps the ``step``
+of the pipeline's scheduler instance.
 
 With a CFG split the ranks form a 2 × D mesh (``runtime/mesh.py``): the strategy runs over the D
 ranks of each batch half, the split's hook wraps it. The VAE decode is banded over all 2·D ranks:
@@ -18,6 +20,7 @@ the VAE banding and the noise agreement around it are the same as for ``patch``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from dataclasses import dataclass
@@ -33,8 +36,16 @@ from .runtime.comm import CommStats, Communicator
 from .runtime.distributed import RankGroup, env_world_size, local_device
 from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
-from .strategies import STRATEGIES, CfgStrategy, PatchStrategy, PipeFusionStrategy, SequenceStrategy
+from .strategies import (
+    STRATEGIES,
+    CfgStrategy,
+    ParaStepStrategy,
+    PatchStrategy,
+    PipeFusionStrategy,
+    SequenceStrategy,
+)
 from .strategies.cfg import InstalledCfg
+from .strategies.parastep import InstalledParaStep
 from .strategies.patch import InstalledPatch
 from .strategies.pipefusion import InstalledPipeFusion
 from .strategies.sequence import InstalledSequence
@@ -47,7 +58,7 @@ class ParallelPart:
     """One module run in parallel (the denoiser, the VAE decoder) with its step state and counters."""
 
     comm: Communicator
-    installed: InstalledPatch | InstalledPipeFusion | InstalledCfg | InstalledSequence
+    installed: InstalledPatch | InstalledPipeFusion | InstalledParaStep | InstalledCfg | InstalledSequence
 
     def begin_run(self) -> None:
         self.comm.state.begin_run()
@@ -63,7 +74,7 @@ class ParallelState:
     denoiser: nn.Module
     world: RankGroup
     #: The strategy within each batch half and its part; None for the cfg split alone.
-    strategy: PatchStrategy | PipeFusionStrategy | SequenceStrategy | None
+    strategy: PatchStrategy | PipeFusionStrategy | ParaStepStrategy | SequenceStrategy | None
     strategy_part: ParallelPart | None
     cfg_part: ParallelPart | None
     decoder_part: ParallelPart | None
@@ -82,7 +93,8 @@ class ParallelState:
         for part in self.parts:
             part.begin_run()
         try:
-            return stock_call(pipe, *args, **kwargs)
+            with _steering(self.strategy_part, pipe):
+                return stock_call(pipe, *args, **kwargs)
         finally:
             for part in self.parts:
                 part.comm.state.drain()
@@ -102,6 +114,12 @@ def _parallel_class(cls: type) -> type:
     if cls not in _SUBCLASSES:
         _SUBCLASSES[cls] = type(cls.__name__, (_ParallelCall, cls), {"__module__": cls.__module__})
     return _SUBCLASSES[cls]
+
+
+def _steering(part: ParallelPart | None, pipe):
+    """The strategy's hold on the pipeline's loop for one call (parastep wraps its scheduler's step), if any."""
+    steer = getattr(part.installed, "steer", None) if part is not None else None
+    return steer(pipe) if steer is not None else contextlib.nullcontext()
 
 
 def find_denoiser(pipe) -> nn.Module:
@@ -140,12 +158,12 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if isinstance(getattr(pipe, "_paradiff", None), ParallelState):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     denoiser = find_denoiser(pipe)
-    family = family_of(denoiser)
+    strategy_cls = STRATEGIES[config.strategy]
+    family = family_of(denoiser, any_model=getattr(strategy_cls, "model_agnostic", False) and not config.cfg_parallel)
     world_size = env_world_size()
     if world_size == 1:
         return pipe
     cfg, degree = config.degrees(world_size)  # before any collective: a bad world fails on every rank
-    strategy_cls = STRATEGIES[config.strategy]
     if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
         strategy_cls.check_model(denoiser, family, degree, config)
     groups = build_mesh(cfg, degree, timedelta(seconds=config.timeout_s))

@@ -13,7 +13,8 @@ from paradiff.builtin.components import build_tokenizer
 TEXT_TOKENS = 226  # CogVideoXPipeline's default max_sequence_length
 
 
-def save_tiny_cogvideox(folder: Path, seed: int = 0) -> Path:
+def build_tiny_cogvideox(seed: int = 0) -> CogVideoXPipeline:
+    """The pipeline itself, in memory: the same weights in every process that builds it with the same seed."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
     text_encoder = T5EncoderModel(
@@ -48,5 +49,12 @@ def save_tiny_cogvideox(folder: Path, seed: int = 0) -> Path:
         transformer=transformer,
         scheduler=CogVideoXDDIMScheduler(),
     )
-    pipe.save_pretrained(folder)
+    for module in (text_encoder, transformer, vae):
+        module.eval()  # as from_pretrained leaves them: the T5 encoder's dropout off
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def save_tiny_cogvideox(folder: Path, seed: int = 0) -> Path:
+    build_tiny_cogvideox(seed).save_pretrained(folder)
     return folder

@@ -14,7 +14,15 @@ from .vae import VAEDecoderFamily
 FAMILIES: tuple[DenoiserFamily, ...] = (UNetFamily(), PixArtFamily(), SD3Family(), FluxFamily())
 DECODER_FAMILIES: tuple[DenoiserFamily, ...] = (VAEDecoderFamily(),)
 
-__all__ = ["DECODER_FAMILIES", "FAMILIES", "DenoiserFamily", "Grid", "decoder_family_of", "family_of"]
+__all__ = [
+    "DECODER_FAMILIES",
+    "FAMILIES",
+    "AnyDenoiserFamily",
+    "DenoiserFamily",
+    "Grid",
+    "decoder_family_of",
+    "family_of",
+]
 
 
 def decoder_family_of(model: nn.Module) -> DenoiserFamily | None:
@@ -22,9 +30,21 @@ def decoder_family_of(model: nn.Module) -> DenoiserFamily | None:
     return next((family for family in DECODER_FAMILIES if family.matches(model)), None)
 
 
-def family_of(model: nn.Module) -> DenoiserFamily:
+class AnyDenoiserFamily(DenoiserFamily):
+    """A denoiser class paradiff knows nothing about: enough for a strategy that never looks inside it."""
+
+    name = "any"
+
+
+def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:
+    """The family of ``model``; with ``any_model``, :class:`AnyDenoiserFamily` for a class paradiff does not know."""
     for family in FAMILIES:
         if family.matches(model):
             return family
+    if any_model:
+        return AnyDenoiserFamily()
     supported = ", ".join(name for family in FAMILIES for name in family.class_names)
-    raise ParadiffError(f"denoiser class {type(model).__name__} is not supported; supported classes: {supported}")
+    raise ParadiffError(
+        f"denoiser class {type(model).__name__} is not supported; supported classes: {supported} "
+        "(strategy='parastep' without cfg_parallel runs any denoiser)"
+    )

@@ -41,6 +41,21 @@ class BlockStack:
 
 
 @dataclass(frozen=True)
+class ComponentUnits:
+    """A denoiser's chain of units (blocks) in forward order, where it can be cut into components (``asyncdiff``).
+
+    Each unit takes its predecessor's output; the code around the units (embeddings, head) runs on every rank.
+    """
+
+    #: ``(name, module)`` of every unit, in the order the denoiser's forward runs them.
+    units: tuple[tuple[str, nn.Module], ...]
+    #: Unit index → earlier units whose outputs it reads besides its predecessor's (U-Net skip features).
+    skips: dict[int, frozenset[int]]
+    #: Denoiser arguments that feed the units in ways a cut denoiser cannot honour.
+    unsupported_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Grid:
     """The image's grid at the place a family splits it: ``rows`` × ``cols`` (latent pixels or tokens)."""
 
@@ -127,6 +142,14 @@ class DenoiserFamily:
     def block_inputs(self, model: nn.Module, image_tokens: int, text_tokens: int) -> dict:
         """Arguments of one block call with random tokens (batch 1), to time each kind of block."""
         raise NotImplementedError
+
+    def component_units(self, model: nn.Module) -> ComponentUnits | None:
+        """The units a cut into components (``asyncdiff``) works on: the block stack; None: the family has none."""
+        stack = self.block_stack
+        if stack is None:
+            return None
+        units = tuple((f"{name}.{i}", block) for name in stack.lists for i, block in enumerate(getattr(model, name)))
+        return ComponentUnits(units, {}, stack.unsupported_args)
 
     def displaced_processor(self, attn: nn.Module, kv_factory):
         """A processor that completes K/V itself (rotary models); None: hook ``to_k``/``to_v`` instead."""

@@ -1,8 +1,15 @@
-"""U-Nets (``UNet2DConditionModel``: SD 1.x/2.x, SDXL): the latent is split into row bands at the input."""
+"""U-Nets (``UNet2DConditionModel``: SD 1.x/2.x, SDXL): the latent is split into row bands at the input.
+
+Cut into components (``asyncdiff``), a U-Net is the chain down blocks → mid block → up blocks. Each down
+block appends its resnets' (and down-sampler's) outputs to the stack of skip features, and each up block
+pops as many as it has resnets; :meth:`UNetFamily.component_units` derives from these counts which down
+blocks each up block reads. The first skip feature (``conv_in``'s output) comes from no unit: it is
+computed with the embeddings on every rank.
+"""
 
 from __future__ import annotations
 
-from .base import DenoiserFamily, Grid, slice_rows
+from .base import ComponentUnits, DenoiserFamily, Grid, slice_rows
 
 
 class UNetFamily(DenoiserFamily):
@@ -24,6 +31,20 @@ class UNetFamily(DenoiserFamily):
     def row_multiple(self, model):
         # every down-sampling level halves the band; it must stay aligned with the stride at each level
         return 2**model.num_upsamplers
+
+    def component_units(self, model):
+        names = [f"down_blocks.{i}" for i in range(len(model.down_blocks))]
+        names += ["mid_block"] if model.mid_block is not None else []
+        names += [f"up_blocks.{i}" for i in range(len(model.up_blocks))]
+        units = tuple((name, model.get_submodule(name)) for name in names)
+        producers: list[int | None] = [None]  # conv_in's output
+        for index, block in enumerate(model.down_blocks):
+            producers += [index] * (len(block.resnets) + len(block.downsamplers or ()))
+        skips = {}
+        for index, block in enumerate(model.up_blocks, start=len(names) - len(model.up_blocks)):
+            popped, producers = producers[-len(block.resnets) :], producers[: -len(block.resnets)]
+            skips[index] = frozenset(p for p in popped if p is not None)
+        return ComponentUnits(units, skips, self.spatial_residual_args)
 
     def split_inputs(self, model, inputs, rows, grid):
         inputs[self.latent_arg] = slice_rows(inputs[self.latent_arg], 2, rows)

@@ -36,11 +36,15 @@ def measured_costs(
 ) -> list[float]:
     """Seconds per block of one forward on the timing tokens, agreed (averaged) over ``comm``'s ranks."""
     kinds = list(dict.fromkeys(block_kind(block) for block in blocks))
-    times = torch.tensor([_time_block(family, model, blocks, kind) for kind in kinds], dtype=torch.float64)
-    on_device = times.to(model.device)
-    dist.all_reduce(on_device, group=comm.ranks.group)
-    mean = (on_device.cpu() / comm.size).tolist()
+    mean = mean_over_ranks([_time_block(family, model, blocks, kind) for kind in kinds], comm, model.device)
     return [mean[kinds.index(block_kind(block))] for block in blocks]
+
+
+def mean_over_ranks(seconds: list[float], comm: Communicator, device: torch.device) -> list[float]:
+    """Each rank's timings averaged over ``comm``'s ranks, so that every rank derives the same cut from them."""
+    on_device = torch.tensor(seconds, dtype=torch.float64).to(device)
+    dist.all_reduce(on_device, group=comm.ranks.group)
+    return (on_device.cpu() / comm.size).tolist()
 
 
 def _time_block(family: DenoiserFamily, model: nn.Module, blocks: list[nn.Module], kind: tuple) -> float:

@@ -1,0 +1,134 @@
+"""Asynchronous model-component parallelism (``asyncdiff``, AsyncDiff): each rank runs one component of the denoiser.
+
+The denoiser's units (a DiT's blocks; a U-Net's down blocks, mid block and up blocks) are cut into N
+contiguous components of about equal cost, measured on the first warm-up call of the first ``pipe(...)``
+call (each unit timed on the real inputs, the times averaged over the ranks), or as ``asyncdiff_cut``
+says. Every rank holds the whole model. Warm-up calls run the whole model on every rank (exact). After
+warm-up, component n at step t takes component n−1's output of step t−1, so all components run at once;
+U-Net skip features that cross a component border come from the previous step the same way
+(``paradiff.layers.components``). Each rank sends only its component's outputs that another component
+reads, as soon as they exist (``paradiff.runtime.component_link``); the last component's prediction is
+broadcast at the end of each step, so that every rank's scheduler runs on the same one.
+
+Stride 2 runs N components on N + 1 ranks and completes two steps per parallel round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diffusers.hooks import HookRegistry
+from torch import nn
+
+from ..config import ParallelConfig
+from ..errors import ParadiffError
+from ..layers.components import ComponentCall, ComponentCallHook, UnitHook
+from ..models import FAMILIES, DenoiserFamily
+from ..runtime.comm import Communicator
+from .patch import invalidate_hook_cache
+from .stage_cut import balanced_cut, mean_over_ranks
+
+HOOK_NAME = "paradiff.asyncdiff"
+
+
+@dataclass
+class InstalledAsyncDiff:
+    """What :class:`AsyncDiffStrategy` changed on one denoiser, so that it can be undone exactly."""
+
+    denoiser: nn.Module
+    call: ComponentCall
+    hooked: list[nn.Module] = field(default_factory=list)
+
+    @property
+    def cut(self) -> tuple[int, ...] | None:
+        """Units per component, once known (given, or measured on the first call)."""
+        return self.call.plan.cut if self.call.plan is not None else None
+
+    def remove(self) -> None:
+        for module in self.hooked:
+            module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
+        invalidate_hook_cache(self.denoiser)
+
+
+def components_for(degree: int, stride: int) -> int:
+    """Components run on ``degree`` ranks: one per rank, less the extra rank of stride 2."""
+    return degree - (stride - 1)
+
+
+class AsyncDiffStrategy:
+    name = "asyncdiff"
+    #: Displaced after warm-up: ``warmup_steps`` trades speed for fidelity.
+    uses_warmup = True
+
+    def __init__(self, stride: int = 1, cut: tuple[int, ...] | None = None):
+        self.stride, self.cut = stride, cut
+
+    @classmethod
+    def create(cls, config, groups) -> AsyncDiffStrategy:
+        return cls(stride=config.asyncdiff_stride, cut=config.asyncdiff_cut)
+
+    @classmethod
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
+        """Refuse, before any collective, a model, world or cut that cannot form the components."""
+        name, stride = type(denoiser).__name__, config.asyncdiff_stride
+        units = family.component_units(denoiser)
+        if units is None:
+            raise ParadiffError(
+                f"strategy='asyncdiff' does not support {name}: it cuts a denoiser's chain of blocks into components; "
+                f"supported: {', '.join(_supported_classes())}"
+            )
+        components, count = components_for(degree, stride), len(units.units)
+        per_half = " per CFG half" if config.cfg_parallel else ""
+        if components < 2:
+            raise ParadiffError(
+                f"strategy='asyncdiff' with asyncdiff_stride={stride} runs N >= 2 components on N + {stride - 1} ranks"
+                f"{per_half}, got {degree}; launch {2 + stride - 1} or more ranks{per_half}"
+                + (", or use asyncdiff_stride=1" if stride == 2 else "")
+            )
+        if count < components:
+            raise ParadiffError(
+                f"strategy='asyncdiff' gives each of its {components} components at least one block, but this {name} "
+                f"has {count} ({', '.join(n for n, _ in units.units)}); run at most {count + stride - 1} ranks"
+                f"{per_half}"
+            )
+        cut = config.asyncdiff_cut
+        if cut is not None and (len(cut) != components or sum(cut) != count):
+            raise ParadiffError(
+                f"asyncdiff_cut={list(cut)} gives {len(cut)} components of {sum(cut)} blocks, but asyncdiff_stride="
+                f"{stride} on {degree} ranks{per_half} runs {components} components and this {name} has {count} "
+                f"blocks ({', '.join(n for n, _ in units.units)}); give {components} block counts adding up to {count}"
+            )
+
+    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
+        """Any size works: components split the model, not the image."""
+
+    def install(
+        self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
+    ) -> InstalledAsyncDiff:
+        """Hook ``denoiser``'s units to run as components, one per rank."""
+        units = family.component_units(denoiser)
+        components = components_for(comm.size, self.stride)
+
+        def choose_cut(seconds: list[float]) -> tuple[int, ...]:
+            return balanced_cut(mean_over_ranks(seconds, comm, denoiser.device), components)
+
+        call = ComponentCall(comm, units, self.stride, choose_cut)
+        if self.cut is not None:
+            call.set_cut(self.cut)
+        installed = InstalledAsyncDiff(denoiser, call)
+
+        def hook(module: nn.Module, hook) -> None:
+            HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
+            installed.hooked.append(module)
+
+        hook(denoiser, ComponentCallHook(family, call))
+        for index, (_, unit) in enumerate(units.units):
+            hook(unit, UnitHook(call, index))
+        invalidate_hook_cache(denoiser)
+        return installed
+
+
+def _supported_classes() -> list[str]:
+    base = DenoiserFamily.component_units
+    families = [f for f in FAMILIES if f.block_stack is not None or type(f).component_units is not base]
+    return [name for family in families for name in family.class_names]

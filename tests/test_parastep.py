@@ -1,0 +1,270 @@
+"""Step parallelism (`parastep`): exact with warm-up over every step, rounds of N steps after it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from diffusers import StableDiffusionImg2ImgPipeline
+from patch_cases import _hooks_left, flux_true_cfg_inputs, generate
+from video_pipeline import build_tiny_cogvideox
+
+import paradiff
+from paradiff import ParadiffError
+from paradiff.metrics import psnr
+from paradiff.runtime.step_rounds import LATENT, PREDICTION, SCHEDULER_STATE, RoundPlan, scheduler_tensors
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+TOLERANCE = 1e-4
+pytestmark = pytest.mark.timeout(120)
+
+
+def _img2img(pipe):
+    """The tiny SD pipeline's components as img2img, with a fixed input image and strength 0.5."""
+    img2img = StableDiffusionImg2ImgPipeline(**pipe.components, requires_safety_checker=False)
+    img2img.set_progress_bar_config(disable=True)
+    image = np.random.default_rng(0).random((1, 64, 64, 3), dtype=np.float32)
+    return img2img, {**prompt_inputs(pipe, "sd"), "image": image, "strength": 0.5}
+
+
+def _run(pipe, inputs: dict, steps: int, img2img: bool) -> np.ndarray:
+    if not img2img:
+        return generate(pipe, inputs, 64, steps)
+    generator = torch.Generator().manual_seed(0)
+    return pipe(**inputs, num_inference_steps=steps, generator=generator, output_type="np").images
+
+
+def parastep_vs_one_device(
+    family: str,
+    steps: int,
+    warmup: int,
+    scheduler: str | None = None,
+    img2img: bool = False,
+    true_cfg: bool = False,
+    **options,
+) -> dict:
+    """One device vs ``parastep`` on this rank (then unparallelized): outputs, bytes, scheduler state."""
+    pipe = build_pipeline(family, scheduler=scheduler)
+    inputs = flux_true_cfg_inputs(pipe) if true_cfg else prompt_inputs(pipe, family)
+    if img2img:
+        pipe, inputs = _img2img(pipe)
+    reference = _run(pipe, inputs, steps, img2img)
+    pipe = paradiff.parallelize(pipe, strategy="parastep", warmup_steps=warmup, **options)
+    parallel = _run(pipe, inputs, steps, img2img)
+    stats = pipe._paradiff.strategy_part.comm.stats
+    sent = {kind: stats.total(kind).bytes_sent for kind in (PREDICTION, LATENT, SCHEDULER_STATE)}
+    summary = paradiff.comm_stats(pipe)
+    state = [float(t.double().sum()) for t in scheduler_tensors(pipe.scheduler) if t.is_floating_point()]
+    wrapped_between_calls = "step" in vars(pipe.scheduler)
+    paradiff.unparallelize(pipe)
+    restored = _run(pipe, inputs, steps, img2img)
+    return {
+        "rank": dist.get_rank(),
+        "max_error": float(np.abs(parallel - reference).max()),
+        "psnr_db": psnr(parallel, reference),
+        "finite": bool(np.isfinite(parallel).all()),
+        "restored_error": float(np.abs(restored - reference).max()),
+        "image": parallel,
+        "sent": sent,
+        "steps_counted": summary["steps"],
+        "total_bytes": stats.total().bytes_sent,
+        "scheduler_state": state,
+        "clean": not wrapped_between_calls and "step" not in vars(pipe.scheduler) and _hooks_left(pipe) == 0,
+    }
+
+
+def _loop_steps(steps: int, options: dict) -> int:
+    """img2img at strength 0.5 runs the last half of the timesteps only."""
+    return steps // 2 if options.get("img2img") else steps
+
+
+def _check(results: list[dict], steps: int, exact: bool, min_psnr: float = 30.0) -> None:
+    for result in results:
+        assert result["finite"] and result["clean"]
+        assert result["restored_error"] == 0.0
+        assert result["steps_counted"] == steps
+        if exact:
+            assert result["max_error"] <= TOLERANCE, result["max_error"]
+            assert result["total_bytes"] == 0  # every step ran on every rank: nothing to exchange
+        else:
+            assert result["max_error"] > 0.0 and result["psnr_db"] > min_psnr, result["psnr_db"]
+    for result in results[1:]:
+        np.testing.assert_array_equal(result["image"], results[0]["image"])  # every rank, the same image
+        assert result["scheduler_state"] == results[0]["scheduler_state"]  # and the same scheduler history
+
+
+def test_round_plan():
+    plan = RoundPlan(warmup_steps=1, ranks=3)
+    assert [plan.position(step) for step in range(9)] == [None, None, 0, 1, 2, 0, 1, 2, 0]
+
+
+@pytest.mark.parametrize(
+    ("family", "steps", "options"),
+    [
+        pytest.param("sd", 3, {}, id="sd-ddim"),
+        pytest.param("sdxl", 3, {}, id="sdxl-ddim"),
+        pytest.param("pixart", 3, {}, id="pixart-dpm-multistep"),
+        pytest.param("sd", 3, {"scheduler": "unipc"}, id="sd-unipc-multistep"),
+        pytest.param("sd3", 3, {}, id="sd3-flow"),
+        pytest.param("flux", 3, {}, id="flux-flow"),
+        pytest.param("sd", 6, {"img2img": True}, id="sd-img2img"),
+    ],
+)
+def test_exact_with_warmup_over_every_step(pool2, family, steps, options):
+    results = pool2.run(parastep_vs_one_device, family, steps, warmup=steps, **options)
+    _check(results, _loop_steps(steps, options), exact=True)
+
+
+@pytest.mark.parametrize(
+    ("family", "steps", "warmup", "options"),
+    [
+        pytest.param("sd", 6, 0, {}, id="sd-ddim"),
+        pytest.param("pixart", 6, 0, {}, id="pixart-dpm-multistep"),
+        # DDIM's first steps amplify a stale prediction's error (x0 = (x - σε)/α with α ≈ 0.01): warm up past them
+        pytest.param("pixart", 6, 2, {"scheduler": "ddim"}, id="pixart-ddim-timestep-lookup"),
+        pytest.param("sd", 6, 0, {"scheduler": "unipc"}, id="sd-unipc-multistep"),
+        pytest.param("sd", 6, 0, {"scheduler": "euler"}, id="sd-euler"),
+        pytest.param("flux", 6, 0, {}, id="flux-flow"),
+        pytest.param("flux", 5, 0, {"true_cfg": True}, id="flux-true-cfg-two-calls-per-step"),
+        pytest.param("sd", 8, 0, {"img2img": True, "scheduler": "dpm"}, id="sd-img2img-dpm-subset-of-timesteps"),
+    ],
+)
+def test_displaced_rounds_stay_close_and_agree(pool2, family, steps, warmup, options):
+    results = pool2.run(parastep_vs_one_device, family, steps, warmup=warmup, **options)
+    _check(results, _loop_steps(steps, options), exact=False)
+
+
+@pytest.mark.parametrize(("steps", "rounds", "predictions"), [(7, 3, 3), (6, 3, 2)])
+def test_a_round_moves_n_minus_1_predictions_and_one_latent(pool2, steps, rounds, predictions):
+    """DDIM stores no history: rank 1 sends one prediction per full round, rank 0 broadcasts one latent per round."""
+    latent = 1 * 4 * 8 * 8 * 4  # one fp32 latent (and one prediction) of a 64 px image
+    results = pool2.run(parastep_vs_one_device, "sd", steps, warmup=0)  # displaced steps 1..steps-1
+    assert results[0]["sent"] == {PREDICTION: 0, LATENT: rounds * latent, SCHEDULER_STATE: 0}
+    assert results[1]["sent"] == {PREDICTION: predictions * latent, LATENT: 0, SCHEDULER_STATE: 0}
+
+
+def test_four_ranks_exact_and_displaced(pool4):
+    _check(pool4.run(parastep_vs_one_device, "sd", 3, warmup=3), 3, exact=True)
+    steps, latent = 5, 1 * 4 * 8 * 8 * 4  # step 0 on every rank, then one round of 4
+    results = pool4.run(parastep_vs_one_device, "sd", steps, warmup=0)
+    _check(results, steps, exact=False)
+    assert results[0]["sent"] == {PREDICTION: 0, LATENT: 3 * latent, SCHEDULER_STATE: 0}  # to the 3 others
+    for result in results[1:]:
+        assert result["sent"] == {PREDICTION: latent, LATENT: 0, SCHEDULER_STATE: 0}
+
+
+def test_composes_with_the_cfg_split(pool4):
+    """2 × 2 mesh: each CFG half runs parastep over 2 ranks."""
+    _check(pool4.run(parastep_vs_one_device, "sd", 3, warmup=3, cfg_parallel=True), 3, exact=True)
+    _check(pool4.run(parastep_vs_one_device, "sd", 4, warmup=0, cfg_parallel=True), 4, exact=False)
+
+
+def callbacks_seen(family: str, steps: int, warmup: int) -> list[int]:
+    """The step indices a user's callback sees: ``callback_on_step_end``, or the older ``callback`` (PixArt)."""
+    seen = []
+    pipe = paradiff.parallelize(build_pipeline(family), strategy="parastep", warmup_steps=warmup)
+    if family == "pixart":
+        extra = {"callback": lambda step, timestep, latents: seen.append(step), "callback_steps": 1}
+    else:
+
+        def on_step_end(pipe, step, timestep, kwargs):
+            seen.append(step)
+            return kwargs
+
+        extra = {"callback_on_step_end": on_step_end}
+    generate(pipe, prompt_inputs(pipe, family), 64, steps, **extra)
+    paradiff.unparallelize(pipe)
+    return seen
+
+
+@pytest.mark.parametrize("family", ["sd", "pixart"])
+def test_user_callbacks_see_the_stock_step_indices(pool2, family):
+    for seen in pool2.run(callbacks_seen, family, 5, warmup=0):
+        assert seen == list(range(5))
+
+
+def cogvideox_vs_one_device(steps: int, warmup: int) -> dict:
+    pipe = build_tiny_cogvideox()
+
+    def video():
+        generator = torch.Generator().manual_seed(0)
+        call = {"num_inference_steps": steps, "num_frames": 5, "height": 32, "width": 32, "output_type": "np"}
+        return pipe("a red circle", generator=generator, **call).frames
+
+    reference = video()
+    pipe = paradiff.parallelize(pipe, strategy="parastep", warmup_steps=warmup)
+    parallel = video()
+    paradiff.unparallelize(pipe)
+    error = float(np.abs(parallel - reference).max())
+    return {"max_error": error, "psnr_db": psnr(parallel, reference), "video": parallel}
+
+
+def test_cogvideox_video_pipeline(pool2):
+    exact = pool2.run(cogvideox_vs_one_device, 3, warmup=3)
+    assert all(result["max_error"] <= TOLERANCE for result in exact)
+    displaced = pool2.run(cogvideox_vs_one_device, 5, warmup=0)
+    assert all(result["max_error"] > 0.0 and result["psnr_db"] > 30.0 for result in displaced)
+    np.testing.assert_array_equal(displaced[0]["video"], displaced[1]["video"])
+
+
+def loop_error(case: str) -> dict:
+    """A loop that ends inside a round, or ranks that ask for different step counts: a clear error everywhere.
+
+    The next call on the same pipeline then runs as on a freshly parallelized one.
+    """
+    pipe = paradiff.parallelize(build_pipeline("sd"), strategy="parastep", warmup_steps=0)
+    inputs, steps, extra = prompt_inputs(pipe, "sd"), 6, {}
+    if case == "interrupt":
+
+        def interrupt(pipe, step, timestep, kwargs):
+            pipe._interrupt = step >= 3  # step 3 opens the round of steps 3 and 4
+            return kwargs
+
+        extra = {"callback_on_step_end": interrupt}
+    message = ""
+    try:
+        generate(pipe, inputs, 64, steps + dist.get_rank() * (case == "different-steps"), **extra)
+    except ParadiffError as error:
+        message = str(error)
+    recovered = generate(pipe, inputs, 64, steps)
+    paradiff.unparallelize(pipe)
+    pipe = paradiff.parallelize(pipe, strategy="parastep", warmup_steps=0)
+    fresh = generate(pipe, inputs, 64, steps)
+    paradiff.unparallelize(pipe)
+    return {"message": message, "recovered_difference": float(np.abs(recovered - fresh).max())}
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("interrupt", r"the denoising loop ended after 4 steps, inside the parastep round of steps 3 to 4; .*"),
+        ("different-steps", r"ranks disagree on the denoising loop .* per rank: \[\(6, 1\), \(7, 1\)\]"),
+    ],
+)
+def test_loops_the_ranks_cannot_share_fail_clearly(pool2, case, message):
+    for result in pool2.run(loop_error, case):
+        assert re.search(message, result["message"]), result["message"]
+        assert result["recovered_difference"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"partial_context": 0.3}, r"partial_context is an option of the patch strategy.*'parastep'"),
+        ({"pipefusion_patches": 4}, r"pipefusion_patches is an option of the pipefusion strategy.*'parastep'"),
+    ],
+)
+def test_options_of_other_strategies_are_refused(options, message):
+    with pytest.raises(ParadiffError, match=message):
+        paradiff.ParallelConfig(strategy="parastep", **options)
+
+
+def test_any_denoiser_runs_but_the_cfg_split_needs_a_known_one(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # no process group exists: it must fail before creating one
+    pipe = build_tiny_cogvideox()
+    with pytest.raises(ParadiffError, match=r"CogVideoXTransformer3DModel is not supported.*'parastep' without cfg_p"):
+        paradiff.parallelize(pipe, strategy="parastep", cfg_parallel=True)
+    assert not hasattr(pipe, "_paradiff")
