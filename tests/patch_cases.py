@@ -59,11 +59,20 @@ def parallel_vs_one_device(
     elif processor == "lora":
         add_random_lora(pipe.unet)
     inputs = flux_true_cfg_inputs(pipe) if true_cfg else prompt_inputs(pipe, family, batch_size=batch)
+    return against_one_device(pipe, inputs, size, steps, warmup_steps=warmup, **options)
+
+
+def against_one_device(pipe, inputs: dict, size: int, steps: int, inspect=None, **options) -> dict:
+    """The one-device image, then ``parallelize(pipe, **options)``'s, then the restored pipeline's, on this rank.
+
+    ``inspect(pipe)`` runs on the parallelized pipeline after its call; the dict it returns joins the result.
+    """
     original_class = type(pipe)
     reference = generate(pipe, inputs, size, steps)
-    pipe = paradiff.parallelize(pipe, warmup_steps=warmup, **options)
+    pipe = paradiff.parallelize(pipe, **options)
     parallel_class = type(pipe)
     parallel = generate(pipe, inputs, size, steps)
+    inspected = inspect(pipe) if inspect else {}
     stats = paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
     restored = generate(pipe, inputs, size, steps)
@@ -78,6 +87,7 @@ def parallel_vs_one_device(
         "image": parallel,
         "shape": parallel.shape,
         "stats": stats,
+        **inspected,
     }
 
 
@@ -99,15 +109,18 @@ def _hooks_left(pipe) -> int:
     return sum(len(m._diffusers_hook.hooks) for m in modules if hasattr(m, "_diffusers_hook"))
 
 
-def two_calls_do_not_share_state(family: str, size: int, steps: int, warmup: int) -> dict:
-    """A displaced call after another call (other prompt) equals the same call on a fresh wrap."""
-    pipe = build_pipeline(family)
+def two_calls_do_not_share_state(
+    family: str, size: int, steps: int, warmup: int, first_size: int | None = None, build=build_pipeline, **options
+) -> dict:
+    """A displaced call after another call (other prompt, and ``first_size`` if given) equals the same call on a
+    fresh wrap. ``build(family)`` makes the pipeline; ``options`` go to ``parallelize``."""
+    pipe = build(family)
     first, second = prompt_inputs(pipe, family, seed=1), prompt_inputs(pipe, family, seed=2)
-    pipe = paradiff.parallelize(pipe, warmup_steps=warmup)
-    generate(pipe, first, size, steps)
+    pipe = paradiff.parallelize(pipe, warmup_steps=warmup, **options)
+    generate(pipe, first, first_size or size, steps)
     after_other = generate(pipe, second, size, steps)
     paradiff.unparallelize(pipe)
-    pipe = paradiff.parallelize(pipe, warmup_steps=warmup)
+    pipe = paradiff.parallelize(pipe, warmup_steps=warmup, **options)
     fresh = generate(pipe, second, size, steps)
     paradiff.unparallelize(pipe)
     return {"difference": float(np.abs(after_other - fresh).max())}

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch.distributed as dist
-from patch_cases import _hooks_left, flux_true_cfg_inputs, generate
+from patch_cases import against_one_device, flux_true_cfg_inputs, two_calls_do_not_share_state
 
 import paradiff
 from paradiff import ParadiffError
 from paradiff.layers.components import ComponentPlan
-from paradiff.metrics import psnr
 from paradiff.models import family_of
 from paradiff.strategies import STRATEGIES
 from paradiff.tiny import build_pipeline, prompt_inputs
@@ -23,29 +22,13 @@ def asyncdiff_vs_one_device(family: str, size: int, steps: int, warmup: int, tru
     pipe = build_pipeline(family)
     denoiser = getattr(pipe, "unet", None) or pipe.transformer
     inputs = flux_true_cfg_inputs(pipe) if true_cfg else prompt_inputs(pipe, family)
-    original_class = type(pipe)
-    reference = generate(pipe, inputs, size, steps)
-    pipe = paradiff.parallelize(pipe, strategy="asyncdiff", warmup_steps=warmup, **options)
-    parallel_class = type(pipe)
-    parallel = generate(pipe, inputs, size, steps)
-    installed = pipe._paradiff.strategy_part.installed
-    stats = paradiff.comm_stats(pipe)
-    paradiff.unparallelize(pipe)
-    restored = generate(pipe, inputs, size, steps)
     units = family_of(denoiser).component_units(denoiser)
-    return {
-        "rank": dist.get_rank(),
-        "max_error": float(np.abs(parallel - reference).max()),
-        "psnr_db": psnr(parallel, reference),
-        "restored_error": float(np.abs(restored - reference).max()),
-        "class_changed": parallel_class is not original_class and isinstance(pipe, original_class),
-        "class_restored": type(pipe) is original_class and not hasattr(pipe, "_paradiff"),
-        "hooks_left": _hooks_left(pipe),
-        "image": parallel,
-        "stats": stats,
-        "cut": installed.cut,
-        "skips": {k: sorted(v) for k, v in units.skips.items()},
-    }
+
+    def cut(pipe) -> dict:  # measured on the first call
+        return {"cut": pipe._paradiff.strategy_part.installed.cut}
+
+    result = against_one_device(pipe, inputs, size, steps, cut, strategy="asyncdiff", warmup_steps=warmup, **options)
+    return {**result, "skips": {k: sorted(v) for k, v in units.skips.items()}}
 
 
 def _per_step(result) -> dict:
@@ -137,23 +120,10 @@ def test_a_cut_given_by_the_user(pool2):
     assert all(result["cut"] == (5, 2) for result in results)
 
 
-def two_calls(family: str, steps: int, warmup: int) -> dict:
-    """The second of two calls (another prompt) equals that call made first on a fresh parallelized pipeline."""
-    pipe = paradiff.parallelize(build_pipeline(family), strategy="asyncdiff", warmup_steps=warmup)
-    first, second = prompt_inputs(pipe, family, seed=1), prompt_inputs(pipe, family, seed=2)
-    generate(pipe, first, 128, steps)
-    after_other = generate(pipe, second, 64, steps)
-    paradiff.unparallelize(pipe)
-    pipe = paradiff.parallelize(pipe, strategy="asyncdiff", warmup_steps=warmup)
-    fresh = generate(pipe, second, 64, steps)
-    paradiff.unparallelize(pipe)
-    return {"difference": float(np.abs(after_other - fresh).max())}
-
-
 @pytest.mark.timeout(300)
 def test_stale_outputs_never_cross_calls(pool2):
     """Another size and prompt before: the buffers are planned again and nothing of the first call leaks in."""
-    for result in pool2.run(two_calls, "pixart", 4, 1):
+    for result in pool2.run(two_calls_do_not_share_state, "pixart", 64, 4, 1, first_size=128, strategy="asyncdiff"):
         assert result["difference"] == 0.0
 
 

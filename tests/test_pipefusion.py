@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from patch_cases import _hooks_left, check_exact_and_restored, expect_error, generate
+from patch_cases import against_one_device, check_exact_and_restored, expect_error, two_calls_do_not_share_state
 
 import paradiff
 from paradiff import ParadiffError
 from paradiff.layers.stages import plan_patches, stage_blocks
-from paradiff.metrics import psnr
 from paradiff.models import family_of
 from paradiff.strategies import STRATEGIES
 from paradiff.strategies.stage_cut import balanced_cut
@@ -55,30 +56,18 @@ def pipefusion_vs_one_device(
     inputs = prompt_inputs(pipe, family)
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
     before = parameter_counts(model)
-    original_class = type(pipe)
-    reference = generate(pipe, inputs, size, steps)
-    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, **options)
-    parallel_class = type(pipe)
-    resident = parameter_counts(model)
-    cut = getattr(pipe._paradiff.strategy_part.installed, "cut", None)
-    parallel = generate(pipe, inputs, size, steps)
-    stats = paradiff.comm_stats(pipe)
-    paradiff.unparallelize(pipe)
-    restored = generate(pipe, inputs, size, steps)
+
+    def held(pipe) -> dict:
+        return {
+            "resident": parameter_counts(model),
+            "cut": getattr(pipe._paradiff.strategy_part.installed, "cut", None),
+        }
+
+    result = against_one_device(pipe, inputs, size, steps, held, strategy=strategy, warmup_steps=warmup, **options)
     return {
-        "rank": dist.get_rank(),
-        "max_error": float(np.abs(parallel - reference).max()),
-        "psnr_db": psnr(parallel, reference),
-        "restored_error": float(np.abs(restored - reference).max()),
+        **result,
         "weights_restored": all(torch.equal(p, weights[name]) for name, p in model.named_parameters()),
-        "class_changed": parallel_class is not original_class and isinstance(pipe, original_class),
-        "class_restored": type(pipe) is original_class and not hasattr(pipe, "_paradiff"),
-        "hooks_left": _hooks_left(pipe),
-        "image": parallel,
-        "stats": stats,
         "before": before,
-        "resident": resident,
-        "cut": cut,
         "device": str(model.device),
     }
 
@@ -164,23 +153,12 @@ def test_displaced_runs_close_and_moves_few_bytes(pool2, family):
         assert ours <= theirs / blocks
 
 
-def two_calls(family: str, steps: int, warmup: int) -> dict:
-    """The second of two calls (another prompt) equals that call made first on a fresh parallelized pipeline."""
-    pipe = paradiff.parallelize(deeper_pipeline(family, 4), strategy="pipefusion", warmup_steps=warmup)
-    first = prompt_inputs(pipe, family, seed=1)
-    second = prompt_inputs(pipe, family, seed=2)
-    generate(pipe, first, 128, steps)
-    after_other = generate(pipe, second, 128, steps)
-    paradiff.unparallelize(pipe)
-    pipe = paradiff.parallelize(pipe, strategy="pipefusion", warmup_steps=warmup)
-    fresh = generate(pipe, second, 128, steps)
-    paradiff.unparallelize(pipe)
-    return {"difference": float(np.abs(after_other - fresh).max())}
-
-
 @pytest.mark.timeout(300)
 def test_stale_buffers_never_cross_calls(pool2):
-    for result in pool2.run(two_calls, "pixart", 4, 1):
+    four_blocks = functools.partial(deeper_pipeline, blocks=4)
+    for result in pool2.run(
+        two_calls_do_not_share_state, "pixart", 128, 4, 1, build=four_blocks, strategy="pipefusion"
+    ):
         assert result["difference"] == 0.0
 
 
