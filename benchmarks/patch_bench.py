@@ -19,50 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from bench_common import cached_pipeline, generate
 
 from paradiff.metrics import psnr
 from paradiff.testing.workers import RankPool
 
 
-def _generate(pipe, family: str, size: int, steps: int):
-    from paradiff.tiny import prompt_inputs
-
-    start = time.perf_counter()
-    images = pipe(
-        **prompt_inputs(pipe, family),
-        height=size,
-        width=size,
-        num_inference_steps=steps,
-        generator=torch.Generator().manual_seed(0),
-        output_type="np",
-    ).images
-    return images, time.perf_counter() - start
-
-
-def _build(family: str, size: int):
-    from paradiff.tiny import build_pipeline
-
-    pipe = build_pipeline(family, size="bench")
-    _generate(pipe, family, 64, 1)  # first-call allocations out of the timed run
-    return pipe
-
-
-_PIPES: dict = {}
-
-
-def _cached(family: str, size: int):
-    if family not in _PIPES:
-        _PIPES[family] = _build(family, size)
-    return _PIPES[family]
-
-
 def one_device(family: str, size: int, steps: int) -> dict:
     torch.set_num_threads(1)
-    images, latency = _generate(_cached(family, size), family, size, steps)
+    images, latency = generate(cached_pipeline(family), family, size, steps)
     return {"images": images, "latency_s": latency}
 
 
@@ -71,7 +39,7 @@ def concurrently(family: str, size: int, steps: int) -> float:
     import torch.distributed as dist
 
     dist.barrier()
-    _, latency = _generate(_cached(family, size), family, size, steps)
+    _, latency = generate(cached_pipeline(family), family, size, steps)
     return latency
 
 
@@ -80,9 +48,9 @@ def on_ranks(family: str, size: int, steps: int, warmup: int, partial_context) -
 
     import paradiff
 
-    pipe = paradiff.parallelize(_cached(family, size), warmup_steps=warmup, partial_context=partial_context)
+    pipe = paradiff.parallelize(cached_pipeline(family), warmup_steps=warmup, partial_context=partial_context)
     dist.barrier()
-    images, latency = _generate(pipe, family, size, steps)
+    images, latency = generate(pipe, family, size, steps)
     stats = paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
     stats.pop("per_step")

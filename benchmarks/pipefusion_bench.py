@@ -22,42 +22,15 @@ import ctypes
 import gc
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from bench_common import cached_pipeline, generate
 
 from paradiff.metrics import psnr
 from paradiff.testing.workers import RankPool
 
 QUICK = {"size": 128, "steps": 3}
-
-
-def _generate(pipe, family: str, size: int, steps: int):
-    from paradiff.tiny import prompt_inputs
-
-    start = time.perf_counter()
-    images = pipe(
-        **prompt_inputs(pipe, family),
-        height=size,
-        width=size,
-        num_inference_steps=steps,
-        generator=torch.Generator().manual_seed(0),
-        output_type="np",
-    ).images
-    return images, time.perf_counter() - start
-
-
-_PIPES: dict = {}
-
-
-def _cached(family: str):
-    if family not in _PIPES:
-        from paradiff.tiny import build_pipeline
-
-        _PIPES[family] = build_pipeline(family, size="bench")
-        _generate(_PIPES[family], family, 64, 1)  # first-call allocations out of the timed runs
-    return _PIPES[family]
 
 
 def _reset_peak_memory() -> None:
@@ -80,9 +53,9 @@ def _parameter_mb(model) -> float:
 
 def one_device(family: str, size: int, steps: int) -> dict:
     torch.set_num_threads(1)
-    pipe = _cached(family)
+    pipe = cached_pipeline(family)
     _reset_peak_memory()
-    images, latency = _generate(pipe, family, size, steps)
+    images, latency = generate(pipe, family, size, steps)
     return {
         "images": images,
         "latency_s": latency,
@@ -97,11 +70,11 @@ def on_ranks(family: str, size: int, steps: int, strategy: str, warmup: int, pat
     import paradiff
 
     options = {"pipefusion_patches": patches} if strategy == "pipefusion" else {}
-    pipe = paradiff.parallelize(_cached(family), strategy=strategy, warmup_steps=warmup, **options)
+    pipe = paradiff.parallelize(cached_pipeline(family), strategy=strategy, warmup_steps=warmup, **options)
     params_mb = _parameter_mb(pipe.transformer)
     _reset_peak_memory()
     dist.barrier()
-    images, latency = _generate(pipe, family, size, steps)
+    images, latency = generate(pipe, family, size, steps)
     peak_mb = _peak_memory_mb()
     stats = paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
@@ -123,7 +96,7 @@ def _drain_share(family: str, size: int, nproc: int, patches: int | None) -> tup
     from paradiff.layers.stages import plan_patches
     from paradiff.models import family_of
 
-    model = _cached(family).transformer
+    model = cached_pipeline(family).transformer
     pixels = family_of(model).pixels_per_row(model, 8)
     count = plan_patches(size // pixels, patches, nproc, pixels)
     return count, (nproc - 1) / (count + nproc - 1)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
+from bench_common import cached_pipeline, generate
 
 from paradiff.metrics import psnr
 from paradiff.testing.workers import RankPool
@@ -26,36 +26,9 @@ from paradiff.testing.workers import RankPool
 QUICK = {"size": 128, "steps": 4, "warmup": 1}
 
 
-def _generate(pipe, family: str, size: int, steps: int):
-    from paradiff.tiny import prompt_inputs
-
-    start = time.perf_counter()
-    images = pipe(
-        **prompt_inputs(pipe, family),
-        height=size,
-        width=size,
-        num_inference_steps=steps,
-        generator=torch.Generator().manual_seed(0),
-        output_type="np",
-    ).images
-    return images, time.perf_counter() - start
-
-
-_PIPES: dict = {}
-
-
-def _cached(family: str):
-    if family not in _PIPES:
-        from paradiff.tiny import build_pipeline
-
-        _PIPES[family] = build_pipeline(family, size="bench")
-        _generate(_PIPES[family], family, 64, 1)  # first-call allocations out of the timed runs
-    return _PIPES[family]
-
-
 def one_device(family: str, size: int, steps: int) -> dict:
     torch.set_num_threads(1)
-    images, latency = _generate(_cached(family), family, size, steps)
+    images, latency = generate(cached_pipeline(family), family, size, steps)
     return {"images": images, "latency_s": latency}
 
 
@@ -64,9 +37,9 @@ def on_ranks(family: str, size: int, steps: int, strategy: str, warmup: int) -> 
 
     import paradiff
 
-    pipe = paradiff.parallelize(_cached(family), strategy=strategy, warmup_steps=warmup)
+    pipe = paradiff.parallelize(cached_pipeline(family), strategy=strategy, warmup_steps=warmup)
     dist.barrier()
-    images, latency = _generate(pipe, family, size, steps)
+    images, latency = generate(pipe, family, size, steps)
     stats = paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
     return {
