@@ -7,6 +7,7 @@ one-device reference in the same process, then the parallel result, and returns 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -136,6 +137,18 @@ def resolution_change(family: str, sizes: tuple[int, ...], steps: int) -> dict:
     errors = [float(np.abs(out - ref).max()) for out, ref in zip(outputs, references, strict=True)]
     paradiff.unparallelize(pipe)
     return {"errors": errors}
+
+
+def refused_before_any_collective(monkeypatch, family: str, world: int, message: str, **options) -> None:
+    """``parallelize`` must raise ``message`` from ``WORLD_SIZE`` alone, leaving the pipeline untouched.
+
+    No process group exists, so an error raised after creating one (or after hooking the model) fails here.
+    """
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    pipe = build_pipeline(family)
+    with pytest.raises(ParadiffError, match=message):
+        paradiff.parallelize(pipe, **options)
+    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
 
 
 def expect_error(family: str, action: str, **options) -> str:

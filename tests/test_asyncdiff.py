@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch.distributed as dist
-from patch_cases import against_one_device, flux_true_cfg_inputs, two_calls_do_not_share_state
+from patch_cases import (
+    against_one_device,
+    flux_true_cfg_inputs,
+    refused_before_any_collective,
+    two_calls_do_not_share_state,
+)
 
 import paradiff
 from paradiff import ParadiffError
@@ -185,11 +189,7 @@ def test_plan_carries_the_unet_skip_features():
     ],
 )
 def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):
-    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group exists: it must fail before creating one
-    pipe = build_pipeline(family)
-    with pytest.raises(ParadiffError, match=message):
-        paradiff.parallelize(pipe, strategy="asyncdiff", **options)
-    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+    refused_before_any_collective(monkeypatch, family, world, message, strategy="asyncdiff", **options)
 
 
 def test_a_family_without_units_names_the_supported_classes():

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from patch_cases import against_one_device, check_exact_and_restored, expect_error, two_calls_do_not_share_state
+from patch_cases import (
+    against_one_device,
+    check_exact_and_restored,
+    expect_error,
+    refused_before_any_collective,
+    two_calls_do_not_share_state,
+)
 
 import paradiff
 from paradiff import ParadiffError
@@ -216,11 +222,7 @@ def test_rows_that_do_not_divide_into_patches_fail_clearly(pool2):
     ],
 )
 def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):
-    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group exists: it must fail before creating one
-    pipe = build_pipeline(family)
-    with pytest.raises(ParadiffError, match=message):
-        paradiff.parallelize(pipe, strategy="pipefusion", **options)
-    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+    refused_before_any_collective(monkeypatch, family, world, message, strategy="pipefusion", **options)
 
 
 def test_fused_projections_fail_before_any_collective(monkeypatch):

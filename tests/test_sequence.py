@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device
+from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device, refused_before_any_collective
 
 import paradiff
 from paradiff import ParadiffError
@@ -159,11 +159,7 @@ def test_sizes_that_do_not_split_fail_clearly(pool2, family, size, text_tokens, 
     ],
 )
 def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):
-    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group exists: it must fail before creating one
-    pipe = build_pipeline(family)
-    with pytest.raises(ParadiffError, match=message):
-        paradiff.parallelize(pipe, **options)
-    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+    refused_before_any_collective(monkeypatch, family, world, message, **options)
 
 
 def test_unsupported_processor_or_backend_fails_before_any_collective(monkeypatch):
