@@ -49,10 +49,14 @@ def speedup_psnr_plot(points: list[tuple[str, float, float]], path: Path) -> Non
     figure = Figure(figsize=(6.4, 4.2), dpi=120)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    for label, speedup, psnr in points:
+    for index, (label, speedup, psnr) in enumerate(points):
         y = psnr if math.isfinite(psnr) else ceiling
         axes.scatter([speedup], [y], color="tab:blue", zorder=3)
-        axes.annotate(label, (speedup, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        # labels of neighbouring points (e.g. one strategy at several warm-ups) climb in three tiers, not overlap
+        lift = 12 * (index % 3)
+        leader = {"arrowstyle": "-", "color": "gray", "linewidth": 0.5} if lift else None
+        offset = (6, 4 + lift)
+        axes.annotate(label, (speedup, y), textcoords="offset points", xytext=offset, fontsize=8, arrowprops=leader)
     if len(finite) < len(points):
         axes.axhline(ceiling, color="gray", linestyle=":", linewidth=1)
         axes.text(0.01, ceiling, " identical (PSNR ∞)", transform=axes.get_yaxis_transform(), va="bottom", fontsize=8)
