@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--prompts", type=int, default=4, help="number of prompts (prompt i uses seed + i)")
     ben.add_argument("--out", default="paradiff-bench", help="folder for results.json, report.md/html and images")
     ben.add_argument("--steps", type=int, default=20)
-    ben.add_argument("--size", type=int, default=128, help="height and width in pixels (default 128, paradiff-tiny's)")
+    ben.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
     ben.add_argument("--seed", type=int, default=0)
     ben.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / nproc)")
     ben.set_defaults(func=bench)

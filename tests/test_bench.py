@@ -22,9 +22,9 @@ from paradiff.bench.run import bench_on_rank
 from paradiff.testing.workers import RankFailure
 
 MODEL = "paradiff-tiny"
-#: The built-in U-Net needs bands of a multiple of 4 latent rows: 128 px (16 rows) on 2 ranks.
+#: The built-in U-Net's own size, which bench uses without --size: on 2 ranks, bands of 8 of its 16 latent rows.
 SIZE = 128
-BENCH = ["bench", "--model", MODEL, "--size", str(SIZE), "--steps", "3", "--prompts", "2", "--warmup", "1,3"]
+BENCH = ["bench", "--model", MODEL, "--steps", "3", "--prompts", "2", "--warmup", "1,3"]
 RUNS = ["one device", "patch warmup=1", "patch warmup=3", "cfg"]
 
 
@@ -103,10 +103,11 @@ def test_an_out_folder_that_cannot_be_created(capsys, no_workers, tmp_path):
     assert f"cannot create the --out folder {blocker / 'report'}" in capsys.readouterr().err
 
 
-def test_the_recorded_command_reproduces_the_job(tmp_path):
-    args = cli.build_parser().parse_args([*BENCH, "--out", str(tmp_path), "--warmup", "4,1,4"])
+@pytest.mark.parametrize("size", [[], ["--size", "64"]])
+def test_the_recorded_command_reproduces_the_job(tmp_path, size):
+    args = cli.build_parser().parse_args([*BENCH, "--out", str(tmp_path), "--warmup", "4,1,4", *size])
     job = job_from_args(args, threads=1)
-    assert job.warmups == (4, 1)
+    assert job.warmups == (4, 1) and job.size == (int(size[1]) if size else None)
     assert [spec.label for spec in job.runs()] == ["one device", "patch warmup=4", "patch warmup=1"]
     again = cli.build_parser().parse_args(shlex.split(job.command())[1:])
     assert job_from_args(again, threads=again.threads) == job

@@ -39,7 +39,7 @@ class BenchJob:
     nproc: int
     prompts: int
     steps: int
-    size: int
+    size: int | None  # None: the model's own
     seed: int
     threads: int
     out: str
@@ -66,13 +66,14 @@ class BenchJob:
             "--threads": self.threads,
             "--out": self.out,
         }
-        return shlex.join(["paradiff", "bench", *(str(part) for item in options.items() for part in item)])
+        given = {option: value for option, value in options.items() if value is not None}
+        return shlex.join(["paradiff", "bench", *(str(part) for item in given.items() for part in item)])
 
 
 def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
     """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker."""
     for option in ("nproc", "prompts", "steps", "size"):
-        if getattr(args, option) < 1:
+        if getattr(args, option) is not None and getattr(args, option) < 1:
             raise ParadiffError(f"--{option} must be at least 1, got {getattr(args, option)}")
     strategies = _comma_list(args.strategies, "--strategies")
     warmups = tuple(_warmup(item) for item in _comma_list(args.warmup, "--warmup"))

@@ -92,7 +92,7 @@ def _config(job: BenchJob, results: BenchResults) -> dict:
         "nproc": results.world_size,
         "threads_per_rank": job.threads,
         "steps": job.steps,
-        "size": job.size,
+        "size": results.runs[0].images[0].shape[0],  # the model's own when --size was not given
         "seed": job.seed,
         "prompts": results.prompts,
         "machine": {

@@ -114,12 +114,12 @@ def _parallelized(pipe, spec: RunSpec):
         paradiff.unparallelize(pipe)
 
 
-def _generate(pipe, inputs: dict, size: int, steps: int, seed: int) -> tuple[np.ndarray, float]:
+def _generate(pipe, inputs: dict, size: int | None, steps: int, seed: int) -> tuple[np.ndarray, float]:
+    sizes = {} if size is None else {"height": size, "width": size}
     start = time.perf_counter()
     images = pipe(
         **inputs,
-        height=size,
-        width=size,
+        **sizes,
         num_inference_steps=steps,
         generator=torch.Generator().manual_seed(seed),
         output_type="np",
