@@ -1,6 +1,6 @@
 """Train ``paradiff-tiny`` from scratch on generated scenes, on the CPU.
 
-    python -m paradiff.builtin.train                 # about an hour on 2 cores; writes paradiff/builtin/paradiff-tiny
+    python -m paradiff.builtin.train                 # ~70 min on 2 cores; writes paradiff/builtin/paradiff-tiny
     python -m paradiff.builtin.train --scale 0.01 --out /tmp/tiny   # a quick smoke run
     python -m paradiff.builtin.train --encoders paradiff/builtin/paradiff-tiny/sd --out /tmp/tiny  # denoisers only
 
@@ -58,7 +58,7 @@ from .scenes import PLACES, Scene, make_scenes
 VAE_STEPS, VAE_BATCH, VAE_CROP = 2000, 8, 128
 DATASET_SCENES = 2500
 TEXT_STEPS, TEXT_BATCH = 600, 64
-UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 4000, 16
+UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
 UNET_LR, DIT_LR = 1e-3, 1e-3
 CAPTION_DROPOUT = 0.1
 SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
