@@ -120,3 +120,11 @@ def test_builtin_model_follows_prompts(model):
         places.append(where_is(image.images[0], colour) == place)
     rates = f"background {sum(backgrounds)}, colour in place {sum(places)} of {len(places)}"
     assert len(places) >= 20 and np.mean(places) >= 0.8 and np.mean(backgrounds) >= 0.8, rates
+
+
+def test_missing_weights_say_how_to_rebuild(monkeypatch, tmp_path):
+    import paradiff.builtin as builtin
+
+    monkeypatch.setattr(builtin, "WEIGHTS", Path(tmp_path))
+    with pytest.raises(Exception, match="python -m paradiff.builtin.train"):
+        builtin.pipeline_folder("sd")
