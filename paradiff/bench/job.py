@@ -73,8 +73,9 @@ class BenchJob:
 def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
     """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker."""
     for option in ("nproc", "prompts", "steps", "size"):
-        if getattr(args, option) is not None and getattr(args, option) < 1:
-            raise ParadiffError(f"--{option} must be at least 1, got {getattr(args, option)}")
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ParadiffError(f"--{option} must be at least 1, got {value}")
     strategies = _comma_list(args.strategies, "--strategies")
     warmups = tuple(_warmup(item) for item in _comma_list(args.warmup, "--warmup"))
     for strategy in strategies:

@@ -1,6 +1,6 @@
 """The components of ``paradiff-tiny``, as configs: tokenizer, text encoder, VAE, U-Net, DiT, schedulers.
 
-Sizes are picked for CPU training within an hour: a VAE that downsamples 8x to 4 latent channels,
+Sizes are picked for CPU training in about an hour (~70 min on 2 cores): a VAE that downsamples 8x to 4 latent channels,
 a small U-Net on 128 px images and a small DiT on 256 px images (sizes in the README).
 """
 
