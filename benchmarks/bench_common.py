@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+# The multi-rank harness (RankPool) is a development tool that lives with the tests, not in the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from paradiff.tiny import build_pipeline, prompt_inputs
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 from bench_common import cached_pipeline, generate
+from rank_workers import RankPool
 
 from paradiff.metrics import psnr
-from paradiff.testing.workers import RankPool
 
 QUICK = {"size": 128, "steps": 3}
 

@@ -3,7 +3,7 @@
 Multi-rank tests must go through the shared rank pools below (``pool2``, ``pool4`` or
 ``rank_pool(world_size)``) instead of spawning their own processes or process groups: starting
 workers costs seconds (importing torch and paradiff in every process), so one
-:class:`paradiff.testing.workers.RankPool` per world size serves the whole session.
+:class:`rank_workers.RankPool` per world size serves the whole session.
 
 Task functions passed to ``pool.run`` must be module-level functions (of the test module is fine:
 workers get the parent's ``sys.path``, which includes this directory under pytest's default
@@ -20,7 +20,7 @@ import pytest
 @pytest.fixture(scope="session")
 def rank_pool():
     """Factory ``rank_pool(world_size)`` returning a session-wide pool for that world size."""
-    from paradiff.testing.workers import RankPool
+    from rank_workers import RankPool
 
     pools: dict[int, RankPool] = {}
 

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 from PIL import Image
+from rank_workers import RankFailure
 
 from paradiff import cli
 from paradiff.bench.fidelity import fidelity
@@ -19,7 +20,6 @@ from paradiff.bench.job import job_from_args
 from paradiff.bench.prompts import SCENES, bench_prompts
 from paradiff.bench.report import _json_safe
 from paradiff.bench.run import bench_on_rank
-from paradiff.testing.workers import RankFailure
 
 MODEL = "paradiff-tiny"
 #: The built-in U-Net's own size, which bench uses without --size: on 2 ranks, bands of 8 of its 16 latent rows.

@@ -1,4 +1,4 @@
-"""Tests for paradiff.testing.workers.RankPool (multi-rank gloo test workers).
+"""Tests for rank_workers.RankPool (multi-rank gloo test workers).
 
 The task functions (underscore-prefixed, module level) run inside the worker processes, which
 import this module by name: pytest's default import mode puts tests/ on ``sys.path`` and spawned
@@ -22,8 +22,8 @@ import pytest
 
 @pytest.fixture(scope="module")
 def workers():
-    """The paradiff.testing.workers module, imported in the test process only."""
-    from paradiff.testing import workers
+    """The rank_workers module, imported in the test process only."""
+    import rank_workers as workers
 
     return workers
 

@@ -1,4 +1,4 @@
-"""A reusable pool of worker processes joined in one gloo process group on loopback.
+"""A reusable pool of worker processes joined in one gloo process group on loopback (tests and benchmarks only).
 
 Spawning a process and importing torch costs seconds, so tests share one :class:`RankPool`
 and run many small multi-rank cases on it::

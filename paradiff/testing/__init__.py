@@ -1,1 +1,0 @@
-"""Test helpers for paradiff: a reusable pool of gloo ranks on loopback (see ``workers``)."""
