@@ -154,10 +154,22 @@ class CommStats:
         return summary
 
 
-class Communicator:
-    """A rank group plus the step state and counters that every exchange of one model shares."""
+#: gloo carries tags as 32-bit signed integers.
+TAG_LIMIT = 2**31 - 1
+#: Default of ``Communicator.bucket_limit_bytes``.
+BUCKET_LIMIT_BYTES = 256 * 1024
 
-    def __init__(self, ranks: RankGroup, state: StepState, bucket_limit_bytes: int = 256 * 1024):
+
+class Communicator:
+    """A rank group plus the step state and counters that every exchange of one model shares.
+
+    Every transfer paradiff makes goes through one of these: it reserves message tags (the same on every
+    rank, because ranks reserve them in the same order), launches the point-to-point messages and
+    collectives on the foreground or background group, bounds every wait by the group's timeout, and
+    counts bytes and waits per step and kind. Ranks are numbered within the group.
+    """
+
+    def __init__(self, ranks: RankGroup, state: StepState, bucket_limit_bytes: int = BUCKET_LIMIT_BYTES):
         self.ranks = ranks
         self.state = state
         #: Displaced pieces at least this large are sent on their own as soon as a layer produces them,
@@ -173,6 +185,28 @@ class Communicator:
     def rank(self) -> int:
         return self.ranks.rank
 
+    @property
+    def device(self) -> torch.device:
+        """Where this group's collectives want their tensors: the current CUDA device for NCCL, else the CPU."""
+        if dist.get_backend(self.ranks.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def tags(self, count: int) -> range:
+        """``count`` message tags no other link on this group uses (reserved in the same order on every rank).
+
+        Never reused within a process: a receive that a failed call left posted matches nothing later.
+        """
+        start = self.ranks.next_tag
+        if start + count > TAG_LIMIT:
+            raise RuntimeError(f"paradiff ran out of message tags on this process group ({TAG_LIMIT} reserved)")
+        self.ranks.next_tag = start + count
+        return range(start, start + count)
+
+    def record(self, kind: str, nbytes: int = 0, wait_s: float = 0.0, exchanges: int = 1, step: int | None = None):
+        """Count ``exchanges`` exchanges of ``kind``, the bytes this rank sent and the seconds it was blocked."""
+        self.stats.record(self.state.step if step is None else step, kind, nbytes, wait_s, exchanges)
+
     def wait(self, works) -> float:
         """Wait for ``works`` (each bounded by the group's timeout); returns the seconds spent blocked."""
         start = time.perf_counter()
@@ -180,10 +214,56 @@ class Communicator:
             work.wait(self.ranks.timeout)
         return time.perf_counter() - start
 
+    def _group(self, background: bool) -> dist.ProcessGroup:
+        return self.ranks.background if background else self.ranks.group
+
+    def send(self, tensor: torch.Tensor, to: int, tag: int, background: bool = False) -> tuple[object, int]:
+        """Start sending ``tensor`` (contiguous, kept alive by the caller until sent) to rank ``to``; (work, bytes)."""
+        work = dist.isend(tensor, self.ranks.global_rank(to), group=self._group(background), tag=tag)
+        return work, tensor_bytes(tensor)
+
+    def receive(self, buffer: torch.Tensor, source: int, tag: int, background: bool = False):
+        """Start receiving rank ``source``'s message ``tag`` into ``buffer``; the work."""
+        return dist.irecv(buffer, self.ranks.global_rank(source), group=self._group(background), tag=tag)
+
+    def broadcast(self, tensor: torch.Tensor, source: int, background: bool = False) -> tuple[object, int]:
+        """Start overwriting ``tensor`` (contiguous) with rank ``source``'s; (work, bytes this rank sent)."""
+        work = dist.broadcast(tensor, self.ranks.global_rank(source), group=self._group(background), async_op=True)
+        return work, tensor_bytes(tensor) * (self.size - 1) if self.rank == source else 0
+
+    def all_gather(self, pieces: list[torch.Tensor], tensor: torch.Tensor, background: bool = False):
+        """Start gathering every rank's ``tensor`` into ``pieces``; (work, bytes this rank sent)."""
+        work = dist.all_gather(pieces, tensor, group=self._group(background), async_op=True)
+        return work, tensor_bytes(tensor) * (self.size - 1)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks in place (waited for now)."""
+        self.wait([dist.all_reduce(tensor, group=self.ranks.group, async_op=True)])
+        return tensor
+
+    def swap_with_neighbours(self, send: tuple, receive: tuple, tags: tuple[int, int], background: bool = False):
+        """Send ``send = (to_above, to_below)`` and receive ``receive = (from_above, from_below)``.
+
+        Rows go up with ``tags[0]`` and down with ``tags[1]``; the band at an image border skips the side
+        it has no neighbour on. Returns the works and the bytes this rank sent.
+        """
+        (to_above, to_below), (from_above, from_below) = send, receive
+        group, ops, nbytes = self._group(background), [], 0
+        if self.rank > 0:
+            peer = self.ranks.global_rank(self.rank - 1)
+            ops += [dist.P2POp(dist.isend, to_above, peer, group, tags[0])]
+            ops += [dist.P2POp(dist.irecv, from_above, peer, group, tags[1])]
+            nbytes += tensor_bytes(to_above)
+        if self.rank < self.size - 1:
+            peer = self.ranks.global_rank(self.rank + 1)
+            ops += [dist.P2POp(dist.isend, to_below, peer, group, tags[1])]
+            ops += [dist.P2POp(dist.irecv, from_below, peer, group, tags[0])]
+            nbytes += tensor_bytes(to_below)
+        return (dist.batch_isend_irecv(ops) if ops else []), nbytes
+
     def bucket(self) -> DisplacedBucket:
         """The displaced-transfer bucket of the current call context and call slot."""
-        state = self.state
-        return state.exchange("paradiff.bucket", lambda: DisplacedBucket(self, tag=1_000_000 + 2 * len(state.buffers)))
+        return self.state.exchange("paradiff.bucket", lambda: DisplacedBucket(self))
 
     def end_call(self, local: torch.Tensor, dim: int) -> torch.Tensor:
         """End of a denoiser call: gather the output bands, then send this call's displaced data."""
@@ -195,9 +275,8 @@ class Communicator:
         """Synchronously gather every rank's piece of the denoiser output and concatenate along ``dim``."""
         local = local.contiguous()
         pieces = [torch.empty_like(local) for _ in range(self.size)]
-        work = dist.all_gather(pieces, local, group=self.ranks.group, async_op=True)
-        wait_s = self.wait([work])
-        self.stats.record(self.state.step, kind, _nbytes(local) * (self.size - 1), wait_s)
+        work, nbytes = self.all_gather(pieces, local)
+        self.record(kind, nbytes, self.wait([work]))
         return torch.cat(pieces, dim=dim)
 
 
@@ -212,8 +291,8 @@ class DisplacedBucket:
     the kernels already queued).
     """
 
-    def __init__(self, comm: Communicator, tag: int):
-        self.comm, self.tags = comm, (tag, tag + 1)
+    def __init__(self, comm: Communicator):
+        self.comm, self.tags = comm, tuple(comm.tags(2))
         self.layout: dict[tuple[str, str], tuple[torch.dtype, int, torch.Size]] | None = None
         self.recording: dict[tuple[str, str], torch.Tensor] = {}
         self.send: dict[tuple[str, torch.dtype], torch.Tensor] = {}
@@ -240,7 +319,7 @@ class DisplacedBucket:
         if (channel, key) not in self.delivered:
             return None
         if self.pending:
-            self.comm.stats.record(self.comm.state.step, STALE, 0, self.comm.wait(self.pending), exchanges=0)
+            self.comm.record(STALE, wait_s=self.comm.wait(self.pending), exchanges=0)
             self.pending = []
         dtype, offset, shape = self.layout[(channel, key)]
         return [
@@ -255,21 +334,20 @@ class DisplacedBucket:
         if not self.in_flight:
             return
         self.drain()
-        comm, ranks = self.comm, self.comm.ranks
-        nbytes = 0
+        comm, nbytes = self.comm, 0
         for (channel, dtype), send in self.send.items():
             if channel == "all":
-                recv = self.recv[(channel, dtype)]
-                self.pending.append(dist.all_gather(recv, send, group=ranks.background, async_op=True))
-                nbytes += _nbytes(send) * (comm.size - 1)
+                work, sent = comm.all_gather(self.recv[(channel, dtype)], send, background=True)
+                self.pending.append(work)
+                nbytes += sent
             elif channel == "up":
                 # rows going up come from the band below; rows going down from the band above
                 down = self.send[("down", dtype)]
                 receive = (self.recv[("down", dtype)][0], self.recv[("up", dtype)][0])
-                works, sent = neighbour_swap(ranks, ranks.background, (send, down), receive, self.tags)
+                works, sent = comm.swap_with_neighbours((send, down), receive, self.tags, background=True)
                 self.pending += works
                 nbytes += sent
-        comm.stats.record(comm.state.step, STALE, nbytes, exchanges=0)
+        comm.record(STALE, nbytes, exchanges=0)
         self.delivered, self.in_flight = self.in_flight, set()
 
     def drain(self) -> None:
@@ -316,25 +394,25 @@ class _LayerExchange:
         if synchronous or (self.latest is None and initial is None):
             self.drain()
             parts = tuple(p.contiguous() for p in parts)
-            received, works, nbytes = self._launch(parts, comm.ranks.group, None)
-            comm.stats.record(comm.state.step, SYNC, nbytes, comm.wait(works))
+            received, works, nbytes = self._launch(parts, False, None)
+            comm.record(SYNC, nbytes, comm.wait(works))
             self.latest = received
             return received
-        if sum(_nbytes(p) for p in parts) >= comm.bucket_limit_bytes:
+        if sum(tensor_bytes(p) for p in parts) >= comm.bucket_limit_bytes:
             wait_s = self.drain()
             stale = self.latest if self.latest is not None else initial()
             reuse = self.spare if self.latest is not None else None
             parts = tuple(p.contiguous() for p in parts)
-            received, self.pending, nbytes = self._launch(parts, comm.ranks.background, reuse)
+            received, self.pending, nbytes = self._launch(parts, True, reuse)
             self.spare, self.latest = (stale if self.latest is not None else None), received
-            comm.stats.record(comm.state.step, STALE, nbytes, wait_s)
+            comm.record(STALE, nbytes, wait_s)
             return stale
         bucket = comm.bucket()
         stale = self._from_bucket(bucket)
         if stale is None:
             stale = self.latest if self.latest is not None else initial()
         self._put(bucket, parts)
-        comm.stats.record(comm.state.step, STALE, 0)
+        comm.record(STALE)
         return stale
 
     def drain(self) -> float:
@@ -344,8 +422,8 @@ class _LayerExchange:
         self.pending = []
         return wait_s
 
-    def _launch(self, parts, group, reuse):
-        """Start sending ``parts`` on ``group``; returns (receive buffers, works, bytes sent)."""
+    def _launch(self, parts, background: bool, reuse):
+        """Start sending ``parts`` (on the background group if ``background``); (receive buffers, works, bytes sent)."""
         raise NotImplementedError
 
     def _from_bucket(self, bucket: DisplacedBucket):
@@ -365,11 +443,11 @@ class SlotExchange(_LayerExchange):
         """
         return self._run((local,), synchronous)
 
-    def _launch(self, parts, group, reuse):
+    def _launch(self, parts, background, reuse):
         (local,) = parts
         slots = reuse if reuse is not None else [torch.empty_like(local) for _ in range(self.comm.size)]
-        work = dist.all_gather(slots, local, group=group, async_op=True)
-        return slots, [work], _nbytes(local) * (self.comm.size - 1)
+        work, nbytes = self.comm.all_gather(slots, local, background)
+        return slots, [work], nbytes
 
     def _from_bucket(self, bucket):
         return bucket.received("all", self.key)
@@ -388,7 +466,7 @@ class NeighbourExchange(_LayerExchange):
 
     def __init__(self, comm: Communicator, key: str, tag: int):
         super().__init__(comm, key)
-        self.tag = tag
+        self.tag = tag  # reserved by the layer at install time (a fixed tag per layer, the same on every rank)
 
     def exchange(
         self,
@@ -401,13 +479,13 @@ class NeighbourExchange(_LayerExchange):
         warm-up that gathered everything another way), so a displaced step never waits."""
         return self._run((top, bottom), synchronous, initial)
 
-    def _launch(self, parts, group, reuse):
+    def _launch(self, parts, background, reuse):
         top, bottom = parts
         rank, size = self.comm.rank, self.comm.size
         above, below = reuse if reuse is not None else (None, None)
         above = above if above is not None or rank == 0 else torch.empty_like(top)
         below = below if below is not None or rank == size - 1 else torch.empty_like(bottom)
-        works, nbytes = neighbour_swap(self.comm.ranks, group, (top, bottom), (above, below), (self.tag, self.tag))
+        works, nbytes = self.comm.swap_with_neighbours((top, bottom), (above, below), (self.tag, self.tag), background)
         return (above, below), works, nbytes
 
     def _from_bucket(self, bucket):
@@ -422,26 +500,6 @@ class NeighbourExchange(_LayerExchange):
         bucket.put("down", self.key, parts[1])
 
 
-def neighbour_swap(ranks: RankGroup, group, send: tuple, receive: tuple, tags: tuple[int, int]):
-    """Send ``send = (to_above, to_below)`` and receive ``receive = (from_above, from_below)``.
-
-    Rows go up with ``tags[0]`` and down with ``tags[1]``; the band at an image border skips the side
-    it has no neighbour on. Returns the works and the bytes this rank sent.
-    """
-    (to_above, to_below), (from_above, from_below) = send, receive
-    ops, nbytes = [], 0
-    if ranks.rank > 0:
-        peer = ranks.global_rank(ranks.rank - 1)
-        ops += [dist.P2POp(dist.isend, to_above, peer, group, tags[0])]
-        ops += [dist.P2POp(dist.irecv, from_above, peer, group, tags[1])]
-        nbytes += _nbytes(to_above)
-    if ranks.rank < ranks.size - 1:
-        peer = ranks.global_rank(ranks.rank + 1)
-        ops += [dist.P2POp(dist.isend, to_below, peer, group, tags[1])]
-        ops += [dist.P2POp(dist.irecv, from_below, peer, group, tags[0])]
-        nbytes += _nbytes(to_below)
-    return (dist.batch_isend_irecv(ops) if ops else []), nbytes
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a transfer of ``tensor`` moves."""
     return tensor.numel() * tensor.element_size()

@@ -15,19 +15,19 @@ waiting and read by the next call.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from .comm import OUTPUT, PIPE, Communicator
 
-#: Tags of one link's messages: ``tag_base + unit × TAGS_PER_UNIT + leaf``.
-TAGS_PER_UNIT = 64
+#: Most tensors one unit's output may hold (each travels as its own message with its own tag).
+TENSORS_PER_UNIT = 64
 
 
 class ComponentLink:
     """One call context and call slot's transfers of unit outputs and of the noise prediction."""
 
-    def __init__(self, comm: Communicator, tag_base: int):
-        self.comm, self.tag_base = comm, tag_base
+    def __init__(self, comm: Communicator, units: int):
+        #: Message ``(unit, leaf)`` travels with tag ``tags[unit × TENSORS_PER_UNIT + leaf]``.
+        self.comm, self.tags = comm, comm.tags(units * TENSORS_PER_UNIT)
         self.sends: list[tuple[object, torch.Tensor]] = []
         #: Receives posted in this call (read by the next displaced call), and those read now, by unit.
         self.posted: dict[int, tuple[list, list[torch.Tensor]]] = {}
@@ -38,13 +38,11 @@ class ComponentLink:
     def post_receives(self, sources: dict[int, int], templates: dict[int, list[torch.Tensor]]) -> None:
         """Start receiving this call's output of each unit of ``sources`` (unit → its rank), shaped as ``templates``."""
         self.drain_receives()
-        group = self.comm.ranks
         self.inbox, posted = self.posted, {}
         for unit in sorted(sources):
             buffers = self.spare.pop(unit, None) or [torch.empty_like(t) for t in templates[unit]]
-            peer = group.global_rank(sources[unit])
             works = [
-                dist.irecv(buffer, peer, group=group.background, tag=self._tag(unit, leaf))
+                self.comm.receive(buffer, sources[unit], self._tag(unit, leaf), background=True)
                 for leaf, buffer in enumerate(buffers)
             ]
             posted[unit] = (works, buffers)
@@ -55,37 +53,36 @@ class ComponentLink:
         if unit not in self.inbox:
             return None
         works, buffers = self.inbox.pop(unit)
-        self.comm.stats.record(self.comm.state.step, PIPE, 0, self.comm.wait(works), exchanges=0)
+        self.comm.record(PIPE, wait_s=self.comm.wait(works), exchanges=0)
         self.spare[unit] = buffers  # written again only by the receive posted at the next call
         return buffers
 
     def send(self, unit: int, tensors: list[torch.Tensor], targets: list[int]) -> None:
         """Start sending ``unit``'s output tensors to the ranks ``targets`` (kept alive until sent)."""
-        group, nbytes = self.comm.ranks, 0
+        total = 0
         for leaf, tensor in enumerate(tensors):
             tensor = tensor.contiguous()
             for target in targets:
-                work = dist.isend(tensor, group.global_rank(target), group=group.background, tag=self._tag(unit, leaf))
+                work, nbytes = self.comm.send(tensor, target, self._tag(unit, leaf), background=True)
                 self.sends.append((work, tensor))
-                nbytes += tensor.numel() * tensor.element_size()
-        self.comm.stats.record(self.comm.state.step, PIPE, nbytes, exchanges=len(tensors) * len(targets))
+                total += nbytes
+        self.comm.record(PIPE, total, exchanges=len(tensors) * len(targets))
 
     def share(self, sample: torch.Tensor, source: int) -> torch.Tensor:
         """Rank ``source``'s ``sample`` on every rank (one broadcast, waited for now)."""
-        work, buffer = self._broadcast(sample, source)
-        self._record_output(buffer, source, self.comm.wait([work]))
+        work, buffer, sent = self._broadcast(sample, source)
+        self.comm.record(OUTPUT, sent, self.comm.wait([work]))
         return buffer
 
     def share_ahead(self, sample: torch.Tensor, source: int) -> None:
         """Start broadcasting rank ``source``'s ``sample`` for the next call to read (:meth:`take_ahead`)."""
-        work, buffer = self._broadcast(sample, source)
-        self.ahead = (work, buffer, source)
+        self.ahead = self._broadcast(sample, source)
 
     def take_ahead(self) -> torch.Tensor | None:
         if self.ahead is None:
             return None
-        (work, buffer, source), self.ahead = self.ahead, None
-        self._record_output(buffer, source, self.comm.wait([work]))
+        (work, buffer, sent), self.ahead = self.ahead, None
+        self.comm.record(OUTPUT, sent, self.comm.wait([work]))
         return buffer
 
     def drain(self) -> None:
@@ -112,15 +109,9 @@ class ComponentLink:
         self.inbox = {}
 
     def _broadcast(self, sample: torch.Tensor, source: int):
-        comm = self.comm
-        buffer = sample.contiguous() if comm.rank == source else torch.empty_like(sample)
-        work = dist.broadcast(buffer, comm.ranks.global_rank(source), group=comm.ranks.group, async_op=True)
-        return work, buffer
-
-    def _record_output(self, buffer: torch.Tensor, source: int, wait_s: float) -> None:
-        comm = self.comm
-        sent = buffer.numel() * buffer.element_size() * (comm.size - 1) if comm.rank == source else 0
-        comm.stats.record(comm.state.step, OUTPUT, sent, wait_s)
+        buffer = sample.contiguous() if self.comm.rank == source else torch.empty_like(sample)
+        work, sent = self.comm.broadcast(buffer, source)
+        return work, buffer, sent
 
     def _tag(self, unit: int, leaf: int) -> int:
-        return self.tag_base + unit * TAGS_PER_UNIT + leaf
+        return self.tags[unit * TENSORS_PER_UNIT + leaf]

@@ -9,7 +9,7 @@ collectives carries paradiff's timeout, whatever timeout the user's default grou
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -62,6 +62,9 @@ class RankGroup:
     rank: int
     size: int
     timeout: timedelta
+    #: The next message tag no link on these groups has reserved yet (``Communicator.tags`` reserves them):
+    #: kept per group, because several communicators (the denoiser's, the VAE decoder's) may share one.
+    next_tag: int = field(default=1, compare=False)
 
     @classmethod
     def world(cls, timeout: timedelta) -> RankGroup:

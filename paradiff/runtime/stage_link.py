@@ -3,8 +3,9 @@
 Stage ``s`` (rank ``s`` of the strategy's group) receives each patch's activations from stage ``s−1``
 and sends its own to stage ``s+1``. At the start of a denoiser call a stage posts the receives of
 every patch at once, so each transfer lands while the stage computes earlier patches; its sends are
-asynchronous too, and it waits for them only when its last patch is out. Patch ``m`` travels with tag
-``m``; both sides post in patch order, which is what NCCL (which ignores tags) needs. After the last
+asynchronous too, and it waits for them only when its last patch is out. Each call reserves one tag
+per patch from the communicator; both sides post in patch order, which is what NCCL (which ignores
+tags) needs. After the last
 stage the denoiser's output goes to every rank with one broadcast.
 
 Every wait is bounded by the group's timeout and counted: as bytes and waits per step (kinds ``pipe``
@@ -14,7 +15,6 @@ and ``output``) and as the current call's idle time, the share of the pipeline's
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from .comm import OUTPUT, PIPE, Communicator
 
@@ -27,6 +27,7 @@ class StageLink:
         self.buffers: list[torch.Tensor] = []
         self.receives: list = []
         self.sends: list[tuple[object, torch.Tensor]] = []
+        self.call_tags = range(0)
         #: Seconds this rank waited for another stage during the current call.
         self.idle_s = 0.0
 
@@ -38,16 +39,17 @@ class StageLink:
     def last(self) -> bool:
         return self.comm.rank == self.comm.size - 1
 
-    def begin_call(self) -> None:
+    def begin_call(self, patches: int) -> None:
+        """A call of ``patches`` messages starts (on every stage alike): fresh tags, no idle time yet."""
         self.idle_s = 0.0
+        self.call_tags = self.comm.tags(patches)
 
     def expect(self, count: int, shape: tuple[int, ...], like: torch.Tensor) -> None:
         """Post the receives of ``count`` messages of ``shape`` from the previous stage (``like``'s dtype, device)."""
         if len(self.buffers) != count or tuple(self.buffers[0].shape) != shape or self.buffers[0].dtype != like.dtype:
             self.buffers = [like.new_empty(shape) for _ in range(count)]
-        source = self.comm.ranks.global_rank(self.comm.rank - 1)
-        group = self.comm.ranks.group
-        self.receives = [dist.irecv(buffer, source, group=group, tag=m) for m, buffer in enumerate(self.buffers)]
+        source, tags = self.comm.rank - 1, self.call_tags
+        self.receives = [self.comm.receive(buffer, source, tags[m]) for m, buffer in enumerate(self.buffers)]
 
     def receive(self, index: int) -> torch.Tensor:
         """Message ``index`` from the previous stage, waiting for it if it has not arrived yet."""
@@ -57,10 +59,9 @@ class StageLink:
     def send(self, index: int, tensor: torch.Tensor) -> None:
         """Start sending message ``index`` (``tensor``, kept alive until sent) to the next stage."""
         tensor = tensor.contiguous()
-        target = self.comm.ranks.global_rank(self.comm.rank + 1)
-        work = dist.isend(tensor, target, group=self.comm.ranks.group, tag=index)
+        work, nbytes = self.comm.send(tensor, self.comm.rank + 1, self.call_tags[index])
         self.sends.append((work, tensor))
-        self.comm.stats.record(self.comm.state.step, PIPE, tensor.numel() * tensor.element_size())
+        self.comm.record(PIPE, nbytes)
 
     def finish(self) -> None:
         """Wait until the next stage has every message of this call."""
@@ -69,11 +70,9 @@ class StageLink:
     def share_output(self, sample: torch.Tensor) -> None:
         """Overwrite ``sample`` in place with the last stage's (one broadcast; every rank then holds it)."""
         comm = self.comm
-        source = comm.ranks.global_rank(comm.size - 1)
-        work = dist.broadcast(sample, source, group=comm.ranks.group, async_op=True)
+        work, sent = comm.broadcast(sample, comm.size - 1)
         wait_s = comm.wait([work])
-        sent = sample.numel() * sample.element_size() * (comm.size - 1) if self.last else 0
-        comm.stats.record(comm.state.step, OUTPUT, sent, wait_s)
+        comm.record(OUTPUT, sent, wait_s)
         self.idle_s += wait_s
 
     def drain(self) -> float:
@@ -85,5 +84,5 @@ class StageLink:
         return wait_s
 
     def _waited(self, kind: str, wait_s: float) -> None:
-        self.comm.stats.record(self.comm.state.step, kind, 0, wait_s, exchanges=0)
+        self.comm.record(kind, wait_s=wait_s, exchanges=0)
         self.idle_s += wait_s

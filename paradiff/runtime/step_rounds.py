@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..errors import ParadiffError
-from .comm import Communicator
+from .comm import Communicator, tensor_bytes
 
 #: A rank's fresh noise prediction sent to rank 0.
 PREDICTION = "prediction"
@@ -88,7 +87,7 @@ class StepRounds:
     def scheduler_step(self, stock_step: Callable, signature: inspect.Signature, *args, **kwargs):
         """Stands in for ``scheduler.step`` during the call: applies the agreed prediction, ends rounds."""
         step, position = self.step, self.plan.position(self.step)
-        self.comm.stats.record(step, PREDICTION, 0, exchanges=0)  # every step has a row, exchange or not
+        self.comm.record(PREDICTION, exchanges=0, step=step)  # every step has a row, exchange or not
         if position is None:
             output = stock_step(*args, **kwargs)
         else:
@@ -126,9 +125,9 @@ class StepRounds:
     def _agreed_loop_length(self, like: torch.Tensor, timestep) -> int:
         """Steps of the whole loop, the same on every rank (or a clear error instead of a hang later)."""
         total = self._loop_length(timestep)
-        mine = torch.tensor([total, self.step], dtype=torch.int64, device=like.device)
+        mine = torch.tensor([total, self.step], dtype=torch.int64, device=self.comm.device)
         everyone = [torch.empty_like(mine) for _ in range(self.comm.size)]
-        dist.all_gather(everyone, mine, group=self.comm.ranks.group)
+        self.comm.wait([self.comm.all_gather(everyone, mine)[0]])
         seen = [tuple(t.tolist()) for t in everyone]
         if len(set(seen)) > 1:
             raise ParadiffError(
@@ -138,9 +137,9 @@ class StepRounds:
         return total
 
     def _loop_length(self, timestep) -> int:
-        """The pipeline's ``_num_timesteps`` (set before the loop by most pipelines), else from the scheduler."""
+        """The loop length the pipeline recorded (``paradiff.compat.loop_length``), else from the scheduler."""
         length = self.loop_length()
-        if isinstance(length, int) and length > 0:
+        if length is not None:
             return length
         scheduler = self.scheduler
         timesteps = scheduler.timesteps
@@ -150,7 +149,7 @@ class StepRounds:
             index = int(matches[0, 0]) if len(matches) else None
         if index is None:
             raise ParadiffError(
-                f"parastep cannot tell how many steps the loop has: the pipeline sets no _num_timesteps and "
+                f"parastep cannot tell how many steps the loop has: the pipeline records no loop length and "
                 f"{type(scheduler).__name__} has no step_index nor this step's timestep {timestep!r}"
             )
         return self.step + len(timesteps) - index
@@ -166,30 +165,24 @@ class _Round:
         self.known = scheduler_tensors(scheduler)
         self.sends: list = []
         self.receives: dict[int, tuple[torch.Tensor, Any]] = {}
-        ranks = comm.ranks
-        if ranks.rank == 0:  # posted now, so each prediction lands as soon as its rank has it
+        #: Tags of this round's predictions: a receive a failed call left posted matches nothing later.
+        self.tags = comm.tags(length)
+        if comm.rank == 0:  # posted now, so each prediction lands as soon as its rank has it
             for position in range(1, length):
                 buffer = torch.empty_like(like, memory_format=torch.contiguous_format)
-                source = ranks.global_rank(position)
-                work = dist.irecv(buffer, src=source, group=ranks.group, tag=self._tag(position))
-                self.receives[position] = (buffer, work)
-
-    def _tag(self, position: int) -> int:
-        """A message tag of this call, round and position: a receive a failed call left posted matches nothing later."""
-        run, slot = self.comm.state.run % 4096, (self.start * self.comm.size + position) % 65536
-        return 1_000_000_000 + (run << 16) + slot  # below 2**31: gloo tags are 32-bit ints
+                self.receives[position] = (buffer, comm.receive(buffer, position, self.tags[position]))
 
     def step(self, stock_step: Callable, bound: inspect.BoundArguments, position: int):
         comm, step = self.comm, self.start + position
         if comm.rank == 0 and position > 0:
             prediction, work = self.receives.pop(position)
-            comm.stats.record(step, PREDICTION, 0, comm.wait([work]), exchanges=0)
+            comm.record(PREDICTION, wait_s=comm.wait([work]), exchanges=0, step=step)
             bound.arguments["model_output"] = prediction
         elif position > 0 and comm.rank == position:
             prediction = bound.arguments["model_output"].contiguous()
-            target = comm.ranks.global_rank(0)
-            self.sends.append(dist.isend(prediction, dst=target, group=comm.ranks.group, tag=self._tag(position)))
-            comm.stats.record(step, PREDICTION, _nbytes(prediction))
+            work, nbytes = comm.send(prediction, 0, self.tags[position])
+            self.sends.append((work, prediction))
+            comm.record(PREDICTION, nbytes, step=step)
         output = stock_step(*bound.args, **bound.kwargs)
         if position == self.length - 1:
             self._close(step, output)
@@ -198,14 +191,14 @@ class _Round:
     def _close(self, step: int, output) -> None:
         """Rank 0's latent and the scheduler tensors stored during the round, on every rank (in place)."""
         comm = self.comm
-        wait_s = comm.wait(self.sends)
+        wait_s = comm.wait([work for work, _ in self.sends])
         latent = output[0]
         known = {id(t) for t in self.known}
         state = [t for t in scheduler_tensors(self.scheduler) if id(t) not in known]
         wait_s += broadcast_in_place([latent, *state], comm, latent.device)
         others = comm.size - 1 if comm.rank == 0 else 0
-        comm.stats.record(step, LATENT, _nbytes(latent) * others, wait_s)
-        comm.stats.record(step, SCHEDULER_STATE, sum(_nbytes(t) for t in state) * others, exchanges=0)
+        comm.record(LATENT, tensor_bytes(latent) * others, wait_s, step=step)
+        comm.record(SCHEDULER_STATE, sum(tensor_bytes(t) for t in state) * others, exchanges=0, step=step)
         self.known, self.sends, self.closed = [], [], True
 
 
@@ -233,21 +226,17 @@ def broadcast_in_place(tensors: list[torch.Tensor], comm: Communicator, device: 
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
         by_dtype.setdefault(tensor.dtype, []).append(tensor)
-    ranks, wait_s = comm.ranks, 0.0
+    wait_s = 0.0
     for dtype, group in by_dtype.items():
-        if ranks.rank == 0:
+        if comm.rank == 0:
             flat = torch.cat([t.reshape(-1).to(device) for t in group])
         else:
             flat = torch.empty(sum(t.numel() for t in group), dtype=dtype, device=device)
-        work = dist.broadcast(flat, src=ranks.global_rank(0), group=ranks.group, async_op=True)
-        wait_s += comm.wait([work])
-        if ranks.rank != 0:
+        wait_s += comm.wait([comm.broadcast(flat, 0)[0]])
+        if comm.rank != 0:
             offset = 0
             for tensor in group:
                 tensor.copy_(flat[offset : offset + tensor.numel()].view(tensor.shape))
                 offset += tensor.numel()
     return wait_s
 
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()

@@ -15,7 +15,6 @@ import itertools
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..models import DenoiserFamily
@@ -36,15 +35,14 @@ def measured_costs(
 ) -> list[float]:
     """Seconds per block of one forward on the timing tokens, agreed (averaged) over ``comm``'s ranks."""
     kinds = list(dict.fromkeys(block_kind(block) for block in blocks))
-    mean = mean_over_ranks([_time_block(family, model, blocks, kind) for kind in kinds], comm, model.device)
+    mean = mean_over_ranks([_time_block(family, model, blocks, kind) for kind in kinds], comm)
     return [mean[kinds.index(block_kind(block))] for block in blocks]
 
 
-def mean_over_ranks(seconds: list[float], comm: Communicator, device: torch.device) -> list[float]:
+def mean_over_ranks(seconds: list[float], comm: Communicator) -> list[float]:
     """Each rank's timings averaged over ``comm``'s ranks, so that every rank derives the same cut from them."""
-    on_device = torch.tensor(seconds, dtype=torch.float64).to(device)
-    dist.all_reduce(on_device, group=comm.ranks.group)
-    return (on_device.cpu() / comm.size).tolist()
+    total = comm.all_reduce(torch.tensor(seconds, dtype=torch.float64).to(comm.device))
+    return (total.cpu() / comm.size).tolist()
 
 
 def _time_block(family: DenoiserFamily, model: nn.Module, blocks: list[nn.Module], kind: tuple) -> float:
