@@ -10,12 +10,12 @@ rank continues identically.
 from __future__ import annotations
 
 import torch
-from diffusers.hooks import ModelHook
 
+from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, bind_inputs
 from ..runtime.comm import CFG, Communicator
-from .split import CallContextName, output_sample, replace_output_sample
+from .split import output_sample, replace_output_sample
 
 
 def batch_half(value, batch: int, half: int):
@@ -43,18 +43,15 @@ def odd_batch_message(batch: int) -> str:
     )
 
 
-class CfgSplitHook(ModelHook):
+class CfgSplitHook(CallContextHook):
     """On the denoiser, outermost: cuts every call's batch to this rank's half, gathers the outputs.
 
     A strategy hooked inside it (patch) sees a call of half the batch, as if the pipeline made it.
     """
 
-    _is_stateful = True
-
     def __init__(self, family: DenoiserFamily, comm: Communicator):
         super().__init__()
         self.family, self.comm = family, comm
-        self.context = CallContextName()
 
     def pre_forward(self, module, *args, **kwargs):
         family = self.family
@@ -72,5 +69,3 @@ class CfgSplitHook(ModelHook):
     def post_forward(self, module, output):
         return replace_output_sample(output, self.comm.all_gather_output(output_sample(output), dim=0, kind=CFG))
 
-    def reset_state(self, module):
-        return module

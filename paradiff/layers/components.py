@@ -28,11 +28,12 @@ import torch
 from diffusers.hooks import ModelHook
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..models.base import ComponentUnits, DenoiserFamily, bind_inputs
 from ..runtime.comm import Communicator
-from ..runtime.component_link import TAGS_PER_UNIT, ComponentLink
-from .split import CallContextName, output_sample, replace_output_sample
+from ..runtime.component_link import TENSORS_PER_UNIT, ComponentLink
+from .split import output_sample, replace_output_sample
 
 
 class Mode(enum.Enum):
@@ -129,9 +130,8 @@ class ComponentCall:
     def open(self, context: str | None, timestep) -> CallRecord:
         state = self.comm.state
         state.enter_call(context, timestep)
-        tags = len(self.units.units) * TAGS_PER_UNIT
-        tag_base = 3_000_000 + tags * len(state.buffers)  # records are created in the same order on every rank
-        record = state.exchange("paradiff.asyncdiff.call", lambda: CallRecord(ComponentLink(self.comm, tag_base)))
+        units = len(self.units.units)
+        record = state.exchange("paradiff.asyncdiff.call", lambda: CallRecord(ComponentLink(self.comm, units)))
         displaced = state.step - state.warmup_steps - 1
         if self.plan is None or displaced < 0:
             record.mode = Mode.WHOLE
@@ -141,15 +141,12 @@ class ComponentCall:
         return record
 
 
-class ComponentCallHook(ModelHook):
+class ComponentCallHook(CallContextHook):
     """On the denoiser: counts the step, picks the call's mode, shares the last component's prediction."""
-
-    _is_stateful = True
 
     def __init__(self, family: DenoiserFamily, call: ComponentCall):
         super().__init__()
         self.family, self.call = family, call
-        self.context = CallContextName()
 
     def pre_forward(self, module, *args, **kwargs):
         call, family = self.call, self.family
@@ -192,8 +189,6 @@ class ComponentCallHook(ModelHook):
                 link.share_ahead(output_sample(output), plan.components - 1)
         return replace_output_sample(output, sample)
 
-    def reset_state(self, module):
-        return module
 
 
 class UnitHook(ModelHook):
@@ -233,8 +228,8 @@ def _tensors(output) -> list[torch.Tensor]:
     A U-Net down block returns its output also as its last skip feature: one tensor object, sent once.
     """
     tensors = list({id(leaf): leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, torch.Tensor)}.values())
-    if len(tensors) > TAGS_PER_UNIT:
-        raise ParadiffError(f"a unit returned {len(tensors)} tensors; asyncdiff sends at most {TAGS_PER_UNIT}")
+    if len(tensors) > TENSORS_PER_UNIT:
+        raise ParadiffError(f"a unit returned {len(tensors)} tensors; asyncdiff sends at most {TENSORS_PER_UNIT}")
     return tensors
 
 

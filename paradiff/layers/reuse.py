@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from diffusers.hooks import ModelHook
-
+from ..compat import CallContextHook
 from ..runtime.step_rounds import StepRounds
-from .split import CallContextName, output_sample, replace_output_sample
+from .split import output_sample, replace_output_sample
 
 
-class StepReuseHook(ModelHook):
+class StepReuseHook(CallContextHook):
     """On the denoiser: outside a parallel ``pipe(...)`` call it is transparent.
 
     Inside one, each call is identified by its slot (cache context, e.g. Flux true CFG's "cond" and
@@ -18,12 +17,9 @@ class StepReuseHook(ModelHook):
     per step reuses each call's own output. A slot seen for the first time always runs the model.
     """
 
-    _is_stateful = True
-
     def __init__(self, current_rounds: Callable[[], StepRounds | None]):
         super().__init__()
         self.current_rounds = current_rounds
-        self.context = CallContextName()
 
     def new_forward(self, module, *args, **kwargs):
         forward = self.fn_ref.original_forward
@@ -39,5 +35,3 @@ class StepReuseHook(ModelHook):
         rounds.cache[slot] = (output, output_sample(output).detach().clone())
         return output
 
-    def reset_state(self, module):
-        return module

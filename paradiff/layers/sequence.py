@@ -17,10 +17,11 @@ import math
 
 from diffusers.hooks import ModelHook
 
+from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, Grid, bind_inputs
-from ..runtime.comm import OUTPUT, SYNC, Communicator
-from .split import CallContextName, output_sample
+from ..runtime.comm import OUTPUT, SYNC, Communicator, tensor_bytes
+from .split import output_sample
 
 
 def sequence_split_error(
@@ -47,15 +48,12 @@ def sequence_split_error(
     return None
 
 
-class SequenceCheckHook(ModelHook):
+class SequenceCheckHook(CallContextHook):
     """On the denoiser, outside diffusers' split hooks: checks the call's sizes and counts the step."""
-
-    _is_stateful = True
 
     def __init__(self, strategy: str, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int):
         super().__init__()
         self.strategy, self.family, self.comm, self.vae_scale_factor = strategy, family, comm, vae_scale_factor
-        self.context = CallContextName()
 
     def pre_forward(self, module, *args, **kwargs):
         family = self.family
@@ -73,12 +71,9 @@ class SequenceCheckHook(ModelHook):
 
     def post_forward(self, module, output):
         comm, sample = self.comm, output_sample(output)  # gathered by diffusers: each rank sent its 1/D
-        nbytes = sample.numel() * sample.element_size()
-        comm.stats.record(comm.state.step, OUTPUT, nbytes * (comm.size - 1) // comm.size)
+        comm.record(OUTPUT, tensor_bytes(sample) * (comm.size - 1) // comm.size)
         return output
 
-    def reset_state(self, module):
-        return module
 
 
 class AttentionTrafficHook(ModelHook):
@@ -95,5 +90,5 @@ class AttentionTrafficHook(ModelHook):
         piece = hidden.shape[0] * tokens * module.inner_dim * hidden.element_size()  # one of Q, K, V, output
         size = self.comm.size
         sent = 4 * piece * (size - 1) // size if self.sequence_dim == "ulysses" else 2 * piece * (size - 1)
-        self.comm.stats.record(self.comm.state.step, SYNC, sent)
+        self.comm.record(SYNC, sent)
         return args, kwargs

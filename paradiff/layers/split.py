@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import torch
 from diffusers.hooks import ModelHook
-from diffusers.hooks.hooks import BaseState, StateManager
 
+from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, bind_inputs, slice_rows
 from ..runtime.comm import Communicator
 from ..runtime.step_state import RowPartition
-
-
-class CallContextName(StateManager):
-    """Receives the name diffusers' ``model.cache_context(name)`` sets on stateful hooks."""
-
-    def __init__(self):
-        super().__init__(BaseState)
-
-    @property
-    def name(self) -> str | None:
-        return self._context.name if self._context is not None else None
 
 
 def band_rows_error(rows: int, family: DenoiserFamily, model, parts: int, vae_scale_factor: int) -> str | None:
@@ -39,15 +28,12 @@ def band_rows_error(rows: int, family: DenoiserFamily, model, parts: int, vae_sc
     )
 
 
-class BandSplitHook(ModelHook):
+class BandSplitHook(CallContextHook):
     """On the denoiser: counts the step, plans the bands, slices the inputs, gathers the output."""
-
-    _is_stateful = True
 
     def __init__(self, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int):
         super().__init__()
         self.family, self.comm, self.vae_scale_factor = family, comm, vae_scale_factor
-        self.context = CallContextName()
 
     def pre_forward(self, module, *args, **kwargs):
         family, state = self.family, self.comm.state
@@ -71,8 +57,6 @@ class BandSplitHook(ModelHook):
             return output
         return replace_output_sample(output, self.comm.end_call(output_sample(output), self.family.output_dim))
 
-    def reset_state(self, module):
-        return module
 
 
 class TokenSliceHook(ModelHook):

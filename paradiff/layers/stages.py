@@ -25,12 +25,13 @@ import torch
 from diffusers.hooks import ModelHook
 from torch import nn
 
+from ..compat import CallContextHook, block_returns_image_first
 from ..errors import ParadiffError
 from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs
 from ..runtime.comm import Communicator
 from ..runtime.stage_link import StageLink
 from ..runtime.step_state import RowPartition
-from .split import CallContextName, output_sample, replace_output_sample
+from .split import output_sample, replace_output_sample
 
 
 def plan_patches(rows: int, requested: int | None, stages: int, pixels: int) -> int:
@@ -109,10 +110,8 @@ class PipelineCall:
         return self.comm.state.exchange("paradiff.pipefusion.link", lambda: StageLink(self.comm))
 
 
-class PipelineCallHook(ModelHook):
+class PipelineCallHook(CallContextHook):
     """On the denoiser: counts the step, decides the call's patches, shares the last stage's output."""
-
-    _is_stateful = True
 
     def __init__(
         self, family: DenoiserFamily, call: PipelineCall, requested_patches: int | None, vae_scale_factor: int
@@ -120,7 +119,6 @@ class PipelineCallHook(ModelHook):
         super().__init__()
         self.family, self.call, self.vae_scale_factor = family, call, vae_scale_factor
         self.requested = requested_patches
-        self.context = CallContextName()
         self.started = 0.0
 
     def pre_forward(self, module, *args, **kwargs):
@@ -140,7 +138,7 @@ class PipelineCallHook(ModelHook):
         filled = state.exchange("paradiff.pipefusion.filled", KVFilled).value
         self.call.grid = grid
         self.call.patches = patches if filled and not state.synchronous else 1
-        self.call.link.begin_call()
+        self.call.link.begin_call(self.call.patches)
         self.started = time.perf_counter()
         return args, kwargs
 
@@ -152,13 +150,19 @@ class PipelineCallHook(ModelHook):
         self.call.comm.stats.record_call(state.step, time.perf_counter() - self.started, link.idle_s)
         return replace_output_sample(output, sample)
 
-    def reset_state(self, module):
-        return module
 
 
-def block_output(stack: BlockStack, image: torch.Tensor, text: torch.Tensor | None):
-    """What a block of ``stack`` returns: the image tokens, or ``(text, image)`` when text flows through."""
-    return image if stack.text_arg is None else (text, image)
+def block_output(stack: BlockStack, block: nn.Module, image: torch.Tensor, text: torch.Tensor | None):
+    """What ``block`` returns: the image tokens, or both streams in the block's own order when text flows through."""
+    if stack.text_arg is None:
+        return image
+    return (image, text) if block_returns_image_first(type(block)) else (text, image)
+
+
+def block_streams(block: nn.Module, output: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(image, text)`` from the two token streams ``block`` returned, in whichever order it returns them."""
+    first, second = output
+    return (first, second) if block_returns_image_first(type(block)) else (second, first)
 
 
 class PassThroughHook(ModelHook):
@@ -173,7 +177,7 @@ class PassThroughHook(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         inputs = bind_inputs(module, args, kwargs).arguments
-        return block_output(self.stack, inputs[self.stack.image_arg], inputs.get(self.stack.text_arg))
+        return block_output(self.stack, module, inputs[self.stack.image_arg], inputs.get(self.stack.text_arg))
 
 
 class StageEntryHook(ModelHook):
@@ -184,19 +188,21 @@ class StageEntryHook(ModelHook):
         self.stage = stage
 
     def new_forward(self, module, *args, **kwargs):
-        return self.stage.run(bind_inputs(module, args, kwargs))
+        return self.stage.run(module, bind_inputs(module, args, kwargs))
 
 
 class Stage:
     """This rank's contiguous blocks of the pipeline.
 
-    ``forwards`` gives the blocks' own forwards (beneath paradiff's hooks), in block order.
+    ``forwards`` gives ``(block, its own forward beneath paradiff's hooks)`` for each of the stage's
+    blocks, in block order; each block's output is read in that block's own order of the token streams.
     """
 
     def __init__(self, stack: BlockStack, call: PipelineCall, forwards: Callable[[], list[Callable]]):
         self.stack, self.call, self.forwards = stack, call, forwards
 
-    def run(self, bound):
+    def run(self, entry: nn.Module, bound):
+        """Every patch through the stage; returns what the model's forward expects of ``entry``, the first block."""
         stack, call, link = self.stack, self.call, self.call.link
         state, grid, patches = call.comm.state, call.grid, call.patches
         inputs = bound.arguments
@@ -218,20 +224,20 @@ class Stage:
                 x, t = message[:, :per_patch], (message[:, per_patch:] if text is not None else None)
             if per_token is not None and patches > 1:
                 inputs[stack.per_token_arg] = _cut_per_token(per_token, text_tokens, span)
-            for forward in forwards:
+            for block, forward in forwards:
                 inputs[stack.image_arg] = x
                 if text is not None:
                     inputs[stack.text_arg] = t
                 result = forward(*bound.args, **bound.kwargs)
-                t, x = result if text is not None else (None, result)
+                x, t = block_streams(block, result) if text is not None else (result, None)
             if link.last:
                 output[:, span] = x
             else:
                 link.send(m, x if text is None else torch.cat([x, t], dim=1))
         link.finish()
         if not link.last:
-            return block_output(stack, image, text)
-        return block_output(stack, output, t)
+            return block_output(stack, entry, image, text)
+        return block_output(stack, entry, output, t)
 
 
 def _cut_per_token(value, text_tokens: int, span: slice):

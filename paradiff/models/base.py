@@ -30,8 +30,9 @@ class BlockStack:
     #: Block argument with the image tokens (whole rows of the grid, row-major).
     image_arg: str = "hidden_states"
     #: Block argument with the text tokens when they flow from block to block (joint attention); the
-    #: block then returns ``(text, image)``. None: the block returns the image tokens, and any text it
-    #: attends to is a fixed input (cross-attention).
+    #: block then returns both, in the order diffusers records for its class
+    #: (:func:`paradiff.compat.block_returns_image_first`). None: the block returns the image tokens,
+    #: and any text it attends to is a fixed input (cross-attention).
     text_arg: str | None = None
     #: Block argument holding a per-token table (or a tuple of them) along dim 0, text tokens first
     #: (rotary position embeddings); cut to the text plus the patch's tokens.

@@ -1,22 +1,22 @@
 """Attention processors that let diffusers' context parallelism (Ulysses, ring) run PixArt and SD3.
 
-diffusers runs Ulysses or ring attention inside ``dispatch_attention_fn`` when the processor hands it
-a ``parallel_config``, and ``enable_parallelism`` gives one to every processor that declares
-``_parallel_config``. The stock ``AttnProcessor2_0`` (PixArt) and ``JointAttnProcessor2_0`` (SD3)
-call ``F.scaled_dot_product_attention`` themselves and declare no such attribute: under a sequence
-split they would silently attend to their own rank's tokens only. These processors take the stock
-processors' steps (projections, per-head norms, output projection; no ``attn.scale``, as the stock
-ones) and send the attention itself through diffusers' dispatcher, in its ``(batch, tokens, heads,
-head_dim)`` layout.
+diffusers runs Ulysses or ring attention inside ``dispatch_attention_fn`` when the processor hands
+it a ``parallel_config``, and ``enable_parallelism`` gives one to every processor that declares it
+(``paradiff.compat.DispatchedAttentionProcessor``). The stock ``AttnProcessor2_0`` (PixArt) and
+``JointAttnProcessor2_0`` (SD3) call ``F.scaled_dot_product_attention`` themselves and declare no
+such attribute: under a sequence split they would silently attend to their own rank's tokens only.
+These processors take the stock processors' steps (projections, per-head norms, output projection;
+no ``attn.scale``, as the stock ones) and send the attention itself through diffusers' dispatcher,
+in its ``(batch, tokens, heads, head_dim)`` layout.
 """
 
 from __future__ import annotations
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.attention_processor import AttnProcessor2_0, JointAttnProcessor2_0
 from torch import nn
 
+from ..compat import DispatchedAttentionProcessor
 from ..errors import ParadiffError
 
 
@@ -29,14 +29,11 @@ def _heads(attn: nn.Module, tokens: torch.Tensor, projections, norms) -> list[to
     return out
 
 
-class _DispatchedAttention:
+class _DispatchedAttention(DispatchedAttentionProcessor):
     """The attention step of a stock processor, run by diffusers' dispatcher (which runs Ulysses or ring)."""
 
     #: The stock processor this one replaces.
     stock: type = object
-    #: Set by diffusers: ``enable_parallelism`` fills ``_parallel_config``, ``set_attention_backend`` the backend.
-    _attention_backend = None
-    _parallel_config = None
 
     @classmethod
     def replacing(cls, name: str, attn: nn.Module):
@@ -64,12 +61,6 @@ class _DispatchedAttention:
             )
         return cls()
 
-    def attend(self, query, key, value) -> torch.Tensor:
-        out = dispatch_attention_fn(
-            query, key, value, backend=self._attention_backend, parallel_config=self._parallel_config
-        )
-        return out.flatten(2, 3).to(query.dtype)
-
 
 class ContextParallelAttnProcessor(_DispatchedAttention):
     """``AttnProcessor2_0`` for an image self-attention layer (PixArt's ``attn1``) without a mask."""
@@ -83,7 +74,7 @@ class ContextParallelAttnProcessor(_DispatchedAttention):
                 f"{'an attention mask' if attention_mask is not None else 'encoder_hidden_states'} to it"
             )
         query, key, value = _heads(attn, hidden_states, (attn.to_q, attn.to_k, attn.to_v), (attn.norm_q, attn.norm_k))
-        return attn.to_out[1](attn.to_out[0](self.attend(query, key, value)))
+        return attn.to_out[1](attn.to_out[0](self.dispatch(query, key, value)))
 
 
 class ContextParallelJointAttnProcessor(_DispatchedAttention):
@@ -103,7 +94,7 @@ class ContextParallelJointAttnProcessor(_DispatchedAttention):
             projections = (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
             text = _heads(attn, encoder_hidden_states, projections, (attn.norm_added_q, attn.norm_added_k))
             query, key, value = (torch.cat(pair, dim=1) for pair in zip((query, key, value), text, strict=True))
-        out = self.attend(query, key, value)
+        out = self.dispatch(query, key, value)
         image = attn.to_out[1](attn.to_out[0](out[:, :image_tokens]))
         if encoder_hidden_states is None:
             return image

@@ -9,15 +9,14 @@ the image tokens and attend to the prompt by cross-attention (a fixed input, who
 SD3's joint blocks carry the text tokens along with the image tokens and return both.
 
 Under diffusers' context parallelism (``ulysses``/``ring``) the same two places split and gather the
-image tokens (diffusers ships no ``_cp_plan`` for these classes, so the plan is declared here).
+image tokens (diffusers ships no context-parallel plan for these classes, so the plan is declared here).
 PixArt's cross-attention runs on each rank's own queries against the whole prompt, which is exact
 without any exchange; SD3's joint attention mixes text and image, so its text tokens are split too.
 """
 
 from __future__ import annotations
 
-from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
-
+from ..compat import ContextParallelInput, ContextParallelOutput
 from .base import BlockStack, DenoiserFamily, Grid, random_tokens
 from .cp_attention import ContextParallelAttnProcessor, ContextParallelJointAttnProcessor
 

@@ -12,7 +12,7 @@ the text and image tokens, and the rotary table is cut to the text plus the patc
 processor completes each patch's K/V from the layer's buffer of the whole image.
 
 Under diffusers' context parallelism (``ulysses``/``ring``) Flux runs as diffusers ships it: the
-class's own ``_cp_plan`` (text and image tokens and their ids split at the input, ``proj_out``
+class's own context-parallel plan (text and image tokens and their ids split at the input, ``proj_out``
 gathered) and the stock ``FluxAttnProcessor``, which already routes attention through diffusers'
 dispatcher.
 """
@@ -20,14 +20,10 @@ dispatcher.
 from __future__ import annotations
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
-from diffusers.models.transformers.transformer_flux import (
-    FluxAttention,
-    FluxAttnProcessor,
-    _get_qkv_projections,
-)
+from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
 
+from ..compat import DispatchedAttentionProcessor, flux_qkv_projections, shipped_context_parallel_plan
 from ..errors import ParadiffError
 from .base import BlockStack, DenoiserFamily, Grid, random_tokens, require, slice_rows
 
@@ -78,7 +74,7 @@ class FluxFamily(DenoiserFamily):
         return [(name, m) for name, m in model.named_modules() if isinstance(m, FluxAttention)]
 
     def context_parallel_plan(self, model):
-        return getattr(type(model), "_cp_plan", None)
+        return shipped_context_parallel_plan(model)
 
     def context_parallel_processors(self, model):
         for name, attn in self.self_attention(model):
@@ -105,15 +101,12 @@ def _image_ids(inputs) -> torch.Tensor:
     return ids[0] if ids.ndim == 3 else ids
 
 
-class DisplacedFluxAttnProcessor:
+class DisplacedFluxAttnProcessor(DispatchedAttentionProcessor):
     """Flux attention whose image keys/values are completed to the whole image after the rotary embedding.
 
     The rank's image tokens (its band, or the pipeline's current patch) are the last ``band_tokens`` of
     the (text + image) sequence in both the double-stream and the single-stream blocks.
     """
-
-    _attention_backend = None
-    _parallel_config = None
 
     def __init__(self, key, value):
         self.key, self.value = key, value
@@ -121,7 +114,7 @@ class DisplacedFluxAttnProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         if attention_mask is not None:
             raise ParadiffError("Flux with an attention mask is not supported by the patch and pipefusion strategies")
-        query, key, value, enc_query, enc_key, enc_value = _get_qkv_projections(
+        query, key, value, enc_query, enc_key, enc_value = flux_qkv_projections(
             attn, hidden_states, encoder_hidden_states
         )
         query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in (query, key, value))
@@ -142,8 +135,7 @@ class DisplacedFluxAttnProcessor:
         key = torch.cat([key[:, :text], self.key.complete(key[:, text:], token_dim=1)], dim=1)
         value = torch.cat([value[:, :text], self.value.complete(value[:, text:], token_dim=1)], dim=1)
 
-        out = dispatch_attention_fn(query, key, value, backend=self._attention_backend)
-        out = out.flatten(2, 3).to(query.dtype)
+        out = self.dispatch(query, key, value, parallel=False)
         if encoder_hidden_states is None:
             return out
         enc_out, out = out.split_with_sizes([encoder_hidden_states.shape[1], band], dim=1)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The exactness tests of every strategy against the oldest diffusers pyproject.toml allows ("diffusers>=X").
+#
+# That diffusers goes into its own environment, .floor-env/, layered over this one (it sees this
+# environment's packages, its own come first), so the newest diffusers installed here stays as it is.
+# pip resolves the floor's own dependencies there (diffusers < 0.41 needs huggingface_hub < 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+floor=$(sed -n 's/^ *"diffusers>=\([0-9][0-9.]*\)",$/\1/p' pyproject.toml)
+if [ -z "$floor" ]; then
+    echo "diffusers_floor.sh: no \"diffusers>=X\" line in pyproject.toml's dependencies; write the floor there" >&2
+    exit 1
+fi
+
+rm -rf .floor-env
+python -m venv .floor-env
+site=$(.floor-env/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python -c 'import sysconfig; print("import site; site.addsitedir(%r)" % sysconfig.get_paths()["purelib"])' \
+    > "$site/zz_parent_environment.pth"
+if ! .floor-env/bin/python -m pip install -q "diffusers==$floor"; then
+    echo "diffusers_floor.sh: could not install diffusers==$floor (the floor in pyproject.toml) into .floor-env" >&2
+    exit 1
+fi
+.floor-env/bin/python -c "
+import sys, diffusers
+from packaging.version import Version
+print('diffusers floor run: diffusers', diffusers.__version__, 'from', diffusers.__file__)
+sys.exit(0 if Version(diffusers.__version__) == Version('$floor') else 'expected diffusers $floor')
+"
+.floor-env/bin/python -m pytest -q -p no:cacheprovider -k "exact or restores" \
+    tests/test_patch_exactness.py tests/test_cfg.py tests/test_sequence.py tests/test_pipefusion.py \
+    tests/test_parastep.py tests/test_asyncdiff.py tests/test_compat.py
