@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import STRATEGY_NAMES
+from .strategies import strategy_names
 from .errors import ParadiffError
 from .launch import ranks_to_use, run_on_ranks
 from .loading import DEFAULT_MODEL, MODEL_NAMES, check_model, load_pipeline, prompt_kwargs
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate an image or video on N ranks and report the speedup")
     gen.add_argument("prompt")
     gen.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
-    gen.add_argument("--strategy", default="patch", choices=STRATEGY_NAMES)
+    gen.add_argument("--strategy", default="patch", choices=strategy_names())
     gen.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     gen.add_argument("--steps", type=int, default=20)
     gen.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=generate)
     ben = commands.add_parser("bench", help="one device vs each strategy and warm-up: speed, fidelity, report")
     ben.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
-    ben.add_argument("--strategies", default="patch", help=f"comma list of {', '.join(STRATEGY_NAMES)}")
+    ben.add_argument("--strategies", default="patch", help=f"comma list of {', '.join(strategy_names())}")
     ben.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     ben.add_argument(
         "--warmup", default="1,4", help="comma list of warm-up settings (synchronous steps after the first)"

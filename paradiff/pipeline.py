@@ -13,9 +13,9 @@ ranks of each batch half, the split's hook wraps it. The VAE decode is banded ov
 every rank holds the same final latent, so the whole world can share the decode, and the cfg split
 alone (which has no row bands) gets a parallel decode too.
 
-Every strategy that runs within a batch half follows one protocol (``paradiff.strategies``): the
-sequence strategies (``ulysses``, ``ring``) hand the denoiser to diffusers' own context parallelism,
-the VAE banding and the noise agreement around it are the same as for ``patch``.
+Every strategy follows one contract (``paradiff.strategies.base.Strategy``) and is found by name in one
+registry (``paradiff.strategies``); this module knows no strategy but the CFG split and the banded
+VAE decode, which it composes with whichever strategy runs within the batch halves.
 """
 
 from __future__ import annotations
@@ -33,22 +33,14 @@ from .errors import ParadiffError
 from .models import decoder_family_of, family_of
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
-from .runtime.distributed import RankGroup, env_world_size, local_device
+from .runtime.distributed import env_world_size, local_device
 from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
-from .strategies import (
-    STRATEGIES,
-    CfgStrategy,
-    ParaStepStrategy,
-    PatchStrategy,
-    PipeFusionStrategy,
-    SequenceStrategy,
-)
-from .strategies.cfg import InstalledCfg
-from .strategies.parastep import InstalledParaStep
-from .strategies.patch import InstalledPatch
-from .strategies.pipefusion import InstalledPipeFusion
-from .strategies.sequence import InstalledSequence
+from .strategies import strategy_class
+from .strategies.base import Strategy
+from .strategies.cfg import CfgStrategy
+from .strategies.installation import Installation
+from .strategies.patch import PatchStrategy
 
 DENOISER_ATTRIBUTES = ("transformer", "unet")
 
@@ -58,7 +50,7 @@ class ParallelPart:
     """One module run in parallel (the denoiser, the VAE decoder) with its step state and counters."""
 
     comm: Communicator
-    installed: InstalledPatch | InstalledPipeFusion | InstalledParaStep | InstalledCfg | InstalledSequence
+    installed: Installation
 
     def begin_run(self) -> None:
         self.comm.state.begin_run()
@@ -72,9 +64,10 @@ class ParallelState:
     config: ParallelConfig
     original_class: type
     denoiser: nn.Module
-    world: RankGroup
+    #: Every rank, for agreeing on the starting noise.
+    world: Communicator
     #: The strategy within each batch half and its part; None for the cfg split alone.
-    strategy: PatchStrategy | PipeFusionStrategy | ParaStepStrategy | SequenceStrategy | None
+    strategy: Strategy | None
     strategy_part: ParallelPart | None
     cfg_part: ParallelPart | None
     decoder_part: ParallelPart | None
@@ -92,8 +85,9 @@ class ParallelState:
         kwargs = agree_on_noise(kwargs, self.world)
         for part in self.parts:
             part.begin_run()
+        steering = self.strategy_part.installed.steer(pipe) if self.strategy_part else contextlib.nullcontext()
         try:
-            with _steering(self.strategy_part, pipe):
+            with steering:
                 return stock_call(pipe, *args, **kwargs)
         finally:
             for part in self.parts:
@@ -114,12 +108,6 @@ def _parallel_class(cls: type) -> type:
     if cls not in _SUBCLASSES:
         _SUBCLASSES[cls] = type(cls.__name__, (_ParallelCall, cls), {"__module__": cls.__module__})
     return _SUBCLASSES[cls]
-
-
-def _steering(part: ParallelPart | None, pipe):
-    """The strategy's hold on the pipeline's loop for one call (parastep wraps its scheduler's step), if any."""
-    steer = getattr(part.installed, "steer", None) if part is not None else None
-    return steer(pipe) if steer is not None else contextlib.nullcontext()
 
 
 def find_denoiser(pipe) -> nn.Module:
@@ -158,8 +146,8 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if isinstance(getattr(pipe, "_paradiff", None), ParallelState):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     denoiser = find_denoiser(pipe)
-    strategy_cls = STRATEGIES[config.strategy]
-    family = family_of(denoiser, any_model=getattr(strategy_cls, "model_agnostic", False) and not config.cfg_parallel)
+    strategy_cls = strategy_class(config.strategy)
+    family = family_of(denoiser, any_model=strategy_cls.model_agnostic and not config.cfg_parallel)
     world_size = env_world_size()
     if world_size == 1:
         return pipe
@@ -171,24 +159,30 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if device.type == "cuda" and denoiser.device != device:
         pipe.to(device)
     scale = _vae_scale_factor(pipe)
-    strategy_impl = strategy_part = cfg_part = decoder_part = None
+    strategy = strategy_part = cfg_part = decoder_part = None
     if groups.strategy is not None:
-        strategy_impl = strategy_cls.create(config, groups)
-        comm = Communicator(groups.strategy, StepState(config.warmup_steps), config.bucket_limit_bytes)
-        strategy_part = ParallelPart(comm, strategy_impl.install(denoiser, family, comm, scale))
+        strategy = strategy_cls(config.options, groups)
+        comm = Communicator(groups.strategy, StepState(config.warmup_steps))
+        strategy_part = ParallelPart(comm, strategy.install(denoiser, family, comm, scale))
     if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
-        exact = Communicator(groups.cfg, StepState(warmup_steps=sys.maxsize))
-        cfg_part = ParallelPart(exact, CfgStrategy().install(denoiser, family, exact))
+        exact = _exact_communicator(groups.cfg)
+        cfg_part = ParallelPart(exact, CfgStrategy().install(denoiser, family, exact, scale))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     decoder_family = decoder_family_of(decoder) if config.parallel_vae and decoder is not None else None
     if decoder_family is not None:
-        exact = Communicator(groups.world, StepState(warmup_steps=sys.maxsize))
+        exact = _exact_communicator(groups.world)
         decoder_part = ParallelPart(exact, PatchStrategy().install(decoder, decoder_family, exact, scale))
+    world = _exact_communicator(groups.world)
     pipe._paradiff = ParallelState(
-        config, type(pipe), denoiser, groups.world, strategy_impl, strategy_part, cfg_part, decoder_part
+        config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part
     )
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
+
+
+def _exact_communicator(ranks) -> Communicator:
+    """A communicator whose every step exchanges fresh data (the CFG split, the VAE decode, the noise agreement)."""
+    return Communicator(ranks, StepState(warmup_steps=sys.maxsize))
 
 
 def unparallelize(pipe):

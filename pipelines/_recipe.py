@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import torch
 
 import paradiff
-from paradiff.config import STRATEGY_NAMES
 from paradiff.loading import RANDOM_MODELS, TRAINED_MODELS, load_pipeline, prompt_kwargs
+from paradiff.strategies import strategy_names
 
 TINY = "tiny"
 TINY_SIZE = 64
@@ -38,7 +38,7 @@ def parse_args(family: str, doc: str, model: str, size: int, steps: int) -> argp
     names = ", ".join([TINY, *builtin_models(family)])
     parser.add_argument("--model", default=model, help=f"hub id or local folder (default {model}), or {names}")
     parser.add_argument("--prompt", default="an astronaut riding a horse on the moon, photograph")
-    parser.add_argument("--strategy", default="patch", choices=STRATEGY_NAMES)
+    parser.add_argument("--strategy", default="patch", choices=strategy_names())
     parser.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first (default 4)")
     parser.add_argument("--steps", type=int, default=steps, help=f"inference steps (default {steps})")
     parser.add_argument("--size", type=int, help=f"height and width in pixels (default {size}, {TINY_SIZE} for tiny)")

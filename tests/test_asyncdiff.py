@@ -15,7 +15,7 @@ import paradiff
 from paradiff import ParadiffError
 from paradiff.layers.components import ComponentPlan
 from paradiff.models import family_of
-from paradiff.strategies import STRATEGIES
+from paradiff.strategies import strategy_class, strategy_names, supported_combinations
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 TOLERANCE = 1e-4
@@ -203,7 +203,7 @@ def test_a_family_without_units_names_the_supported_classes():
     config = paradiff.ParallelConfig(strategy="asyncdiff")
     supported = "UNet2DConditionModel, PixArtTransformer2DModel, SD3Transformer2DModel, FluxTransformer2DModel"
     with pytest.raises(ParadiffError, match=f"does not support UNet2DConditionModel: .*; supported: {supported}"):
-        STRATEGIES["asyncdiff"].check_model(pipe.unet, NoUnits(), 2, config)
+        strategy_class("asyncdiff").check_model(pipe.unet, NoUnits(), 2, config)
 
 
 def test_options_belong_to_asyncdiff():
@@ -213,5 +213,5 @@ def test_options_belong_to_asyncdiff():
         paradiff.ParallelConfig(strategy="asyncdiff", asyncdiff_stride=3)
     with pytest.raises(ParadiffError, match="asyncdiff_cut must be None or the number of units of each component"):
         paradiff.ParallelConfig(strategy="asyncdiff", asyncdiff_cut=(2, 0))
-    assert "asyncdiff" in paradiff.config.STRATEGY_NAMES and "'asyncdiff'" in paradiff.config.SUPPORTED_COMBINATIONS
-    assert STRATEGIES["asyncdiff"].uses_warmup
+    assert "asyncdiff" in strategy_names() and "'asyncdiff'" in supported_combinations()
+    assert strategy_class("asyncdiff").uses_warmup

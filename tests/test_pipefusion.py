@@ -20,7 +20,7 @@ import paradiff
 from paradiff import ParadiffError
 from paradiff.layers.stages import plan_patches, stage_blocks
 from paradiff.models import family_of
-from paradiff.strategies import STRATEGIES
+from paradiff.strategies import strategy_class, strategy_names, supported_combinations
 from paradiff.strategies.stage_cut import balanced_cut
 from paradiff.tiny import build_pipeline, prompt_inputs
 
@@ -239,8 +239,8 @@ def test_options_belong_to_pipefusion():
         paradiff.ParallelConfig(strategy="patch", pipefusion_patches=4)
     with pytest.raises(ParadiffError, match="pipefusion_stages must be None or the number of blocks of each stage"):
         paradiff.ParallelConfig(strategy="pipefusion", pipefusion_stages=(2, 0))
-    assert "pipefusion" in paradiff.config.STRATEGY_NAMES and "'pipefusion'" in paradiff.config.SUPPORTED_COMBINATIONS
-    assert STRATEGIES["pipefusion"].uses_warmup
+    assert "pipefusion" in strategy_names() and "'pipefusion'" in supported_combinations()
+    assert strategy_class("pipefusion").uses_warmup
 
 
 def test_patches_default_to_about_twice_the_stages():

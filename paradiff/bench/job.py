@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import check_model
-from ..strategies import STRATEGIES
+from ..strategies import strategy_class
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class BenchJob:
         """The baseline first, then every strategy × warm-up in the order given (once for exact strategies)."""
         runs = [ONE_DEVICE]
         for strategy in self.strategies:
-            warmups = self.warmups if STRATEGIES[strategy].uses_warmup else (None,)
+            warmups = self.warmups if strategy_class(strategy).uses_warmup else (None,)
             runs += [RunSpec(strategy, warmup) for warmup in warmups]
         return runs
 

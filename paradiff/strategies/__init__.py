@@ -1,42 +1,60 @@
-"""Strategies: each says how a denoiser's work is split over ranks and which layers are swapped.
+"""The registry of strategies: one line per built-in strategy, and :func:`register` for any other.
 
-The strategies that run within each batch half (all but ``cfg``) share one protocol, used by
-``paradiff.pipeline``: ``check_model(denoiser, family, degree, config)`` (class method, before any collective),
-``create(config, groups)``, ``check_height(...)`` (before each call) and ``install(...)``. A strategy that
-steers the pipeline's loop (``parastep``) also gives its installed part ``steer(pipe)``, a context manager
-around each call, and one that never looks inside the denoiser sets ``model_agnostic``.
+Every strategy implements :class:`paradiff.strategies.base.Strategy` in a module of its own. Built-in
+modules are imported on first use (they import diffusers), so ``import paradiff`` and the CLI's
+argument checks stay fast.
 """
 
 from __future__ import annotations
 
-from .asyncdiff import AsyncDiffStrategy
-from .cfg import CfgStrategy
-from .parastep import ParaStepStrategy
-from .patch import PatchStrategy
-from .pipefusion import PipeFusionStrategy
-from .sequence import RingStrategy, SequenceStrategy, UlyssesStrategy
+import importlib
 
-STRATEGIES = {
-    strategy.name: strategy
-    for strategy in (
-        PatchStrategy,
-        PipeFusionStrategy,
-        ParaStepStrategy,
-        AsyncDiffStrategy,
-        CfgStrategy,
-        UlyssesStrategy,
-        RingStrategy,
-    )
+from ..errors import ParadiffError
+
+#: Built-in strategies: name → ``module:class``, in the order messages list them.
+_BUILTIN = {
+    "patch": "paradiff.strategies.patch:PatchStrategy",
+    "pipefusion": "paradiff.strategies.pipefusion:PipeFusionStrategy",
+    "parastep": "paradiff.strategies.parastep:ParaStepStrategy",
+    "asyncdiff": "paradiff.strategies.asyncdiff:AsyncDiffStrategy",
+    "cfg": "paradiff.strategies.cfg:CfgStrategy",
+    "ulysses": "paradiff.strategies.sequence:UlyssesStrategy",
+    "ring": "paradiff.strategies.sequence:RingStrategy",
 }
+_REGISTERED: dict[str, type] = {}
 
-__all__ = [
-    "STRATEGIES",
-    "AsyncDiffStrategy",
-    "CfgStrategy",
-    "ParaStepStrategy",
-    "PatchStrategy",
-    "PipeFusionStrategy",
-    "RingStrategy",
-    "SequenceStrategy",
-    "UlyssesStrategy",
-]
+
+def register(strategy: type) -> type:
+    """Make ``strategy`` (a :class:`~paradiff.strategies.base.Strategy` subclass) available by its ``name``.
+
+    Call it on every rank before ``parallelize``; usable as a class decorator.
+    """
+    name = getattr(strategy, "name", "")
+    if not name:
+        raise ParadiffError(f"{strategy.__name__} has no name; set the class attribute name = '...'")
+    if name in _BUILTIN and _BUILTIN[name] != f"{strategy.__module__}:{strategy.__qualname__}":
+        raise ParadiffError(f"strategy name {name!r} is taken by a built-in strategy; choose another name")
+    _REGISTERED[name] = strategy
+    return strategy
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy's name: the built-in ones, then the registered ones."""
+    return (*_BUILTIN, *(name for name in _REGISTERED if name not in _BUILTIN))
+
+
+def strategy_class(name: str) -> type:
+    """The strategy called ``name``; raises naming the available ones."""
+    if name not in _REGISTERED:
+        if name not in _BUILTIN:
+            raise ParadiffError(f"unknown strategy {name!r}; available: {', '.join(strategy_names())}")
+        module, _, cls = _BUILTIN[name].partition(":")
+        _REGISTERED[name] = getattr(importlib.import_module(module), cls)
+    return _REGISTERED[name]
+
+
+def supported_combinations() -> str:
+    """What runs together and on how many ranks; named by every error about a combination."""
+    alone = [f"strategy='{name}' ({strategy_class(name).world})" for name in strategy_names()]
+    paired = [f"'{name}'" for name in strategy_names() if not strategy_class(name).cfg_split_alone]
+    return f"{', '.join(alone)}; {', '.join(paired)} with cfg_parallel=True (world = 2 × theirs)"

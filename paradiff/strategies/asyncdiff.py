@@ -15,39 +15,56 @@ Stride 2 runs N components on N + 1 ranks and completes two steps per parallel r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from diffusers.hooks import HookRegistry
 from torch import nn
 
-from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..layers.components import ComponentCall, ComponentCallHook, UnitHook
 from ..models import FAMILIES, DenoiserFamily
 from ..runtime.comm import Communicator
-from .patch import invalidate_hook_cache
+from .base import Strategy, StrategyOptions
+from .installation import Installation
 from .stage_cut import balanced_cut, mean_over_ranks
 
-HOOK_NAME = "paradiff.asyncdiff"
+
+@dataclass(frozen=True)
+class AsyncDiffOptions(StrategyOptions):
+    """
+    Attributes:
+        asyncdiff_stride: 1: N components on N ranks, one step per parallel round. 2: N components on N + 1 ranks,
+            two steps per round (the components run at the next step's timestep while the extra rank runs the last
+            component at this step's).
+        asyncdiff_cut: number of units (a DiT's blocks; a U-Net's down, mid and up blocks) of each component, in
+            forward order; ``None`` (default): contiguous components of about equal measured cost.
+    """
+
+    asyncdiff_stride: int = 1
+    asyncdiff_cut: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.asyncdiff_stride not in (1, 2) or isinstance(self.asyncdiff_stride, bool):
+            raise ParadiffError(f"asyncdiff_stride must be 1 or 2, got {self.asyncdiff_stride!r}")
+        cut = self.asyncdiff_cut
+        if cut is not None:
+            if not isinstance(cut, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in cut):
+                raise ParadiffError(
+                    f"asyncdiff_cut must be None or the number of units of each component (integers >= 1), got {cut!r}"
+                )
+            object.__setattr__(self, "asyncdiff_cut", tuple(cut))
 
 
-@dataclass
-class InstalledAsyncDiff:
-    """What :class:`AsyncDiffStrategy` changed on one denoiser, so that it can be undone exactly."""
+class AsyncDiffInstallation(Installation):
+    """The hooks of :class:`AsyncDiffStrategy`, and the components' call state they share."""
 
-    denoiser: nn.Module
-    call: ComponentCall
-    hooked: list[nn.Module] = field(default_factory=list)
+    def __init__(self, model: nn.Module, strategy: str, call: ComponentCall):
+        super().__init__(model, strategy)
+        self.call = call
 
     @property
     def cut(self) -> tuple[int, ...] | None:
         """Units per component, once known (given, or measured on the first call)."""
         return self.call.plan.cut if self.call.plan is not None else None
-
-    def remove(self) -> None:
-        for module in self.hooked:
-            module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
-        invalidate_hook_cache(self.denoiser)
 
 
 def components_for(degree: int, stride: int) -> int:
@@ -55,22 +72,15 @@ def components_for(degree: int, stride: int) -> int:
     return degree - (stride - 1)
 
 
-class AsyncDiffStrategy:
+class AsyncDiffStrategy(Strategy):
     name = "asyncdiff"
-    #: Displaced after warm-up: ``warmup_steps`` trades speed for fidelity.
-    uses_warmup = True
-
-    def __init__(self, stride: int = 1, cut: tuple[int, ...] | None = None):
-        self.stride, self.cut = stride, cut
+    Options = AsyncDiffOptions
+    world = "world = its components, + 1 with asyncdiff_stride=2"
 
     @classmethod
-    def create(cls, config, groups) -> AsyncDiffStrategy:
-        return cls(stride=config.asyncdiff_stride, cut=config.asyncdiff_cut)
-
-    @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model, world or cut that cannot form the components."""
-        name, stride = type(denoiser).__name__, config.asyncdiff_stride
+        name, stride = type(denoiser).__name__, config.options.asyncdiff_stride
         units = family.component_units(denoiser)
         if units is None:
             raise ParadiffError(
@@ -91,7 +101,7 @@ class AsyncDiffStrategy:
                 f"has {count} ({', '.join(n for n, _ in units.units)}); run at most {count + stride - 1} ranks"
                 f"{per_half}"
             )
-        cut = config.asyncdiff_cut
+        cut = config.options.asyncdiff_cut
         if cut is not None and (len(cut) != components or sum(cut) != count):
             raise ParadiffError(
                 f"asyncdiff_cut={list(cut)} gives {len(cut)} components of {sum(cut)} blocks, but asyncdiff_stride="
@@ -99,33 +109,25 @@ class AsyncDiffStrategy:
                 f"blocks ({', '.join(n for n, _ in units.units)}); give {components} block counts adding up to {count}"
             )
 
-    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
-        """Any size works: components split the model, not the image."""
-
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
-    ) -> InstalledAsyncDiff:
+    ) -> AsyncDiffInstallation:
         """Hook ``denoiser``'s units to run as components, one per rank."""
         units = family.component_units(denoiser)
-        components = components_for(comm.size, self.stride)
+        stride, cut = self.options.asyncdiff_stride, self.options.asyncdiff_cut
+        components = components_for(comm.size, stride)
 
         def choose_cut(seconds: list[float]) -> tuple[int, ...]:
-            return balanced_cut(mean_over_ranks(seconds, comm, denoiser.device), components)
+            return balanced_cut(mean_over_ranks(seconds, comm), components)
 
-        call = ComponentCall(comm, units, self.stride, choose_cut)
-        if self.cut is not None:
-            call.set_cut(self.cut)
-        installed = InstalledAsyncDiff(denoiser, call)
-
-        def hook(module: nn.Module, hook) -> None:
-            HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
-            installed.hooked.append(module)
-
-        hook(denoiser, ComponentCallHook(family, call))
+        call = ComponentCall(comm, units, stride, choose_cut)
+        if cut is not None:
+            call.set_cut(cut)
+        installed = AsyncDiffInstallation(denoiser, self.name, call)
+        installed.hook(denoiser, ComponentCallHook(family, call))
         for index, (_, unit) in enumerate(units.units):
-            hook(unit, UnitHook(call, index))
-        invalidate_hook_cache(denoiser)
-        return installed
+            installed.hook(unit, UnitHook(call, index))
+        return installed.done()
 
 
 def _supported_classes() -> list[str]:

@@ -8,37 +8,41 @@ no model class: the family names the latent, the timestep and the arguments that
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from diffusers.hooks import HookRegistry
 from torch import nn
 
+from ..errors import ParadiffError
 from ..layers.batch_split import CfgSplitHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
-
-HOOK_NAME = "paradiff.cfg"
-
-
-@dataclass
-class InstalledCfg:
-    """The hook :class:`CfgStrategy` put on one denoiser, so that it can be removed."""
-
-    denoiser: nn.Module
-
-    def remove(self) -> None:
-        self.denoiser._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
+from .base import Strategy
+from .installation import Installation
 
 
-class CfgStrategy:
+class CfgStrategy(Strategy):
     name = "cfg"
-    #: Exact at every step: ``warmup_steps`` changes nothing.
     uses_warmup = False
+    cfg_split_alone = True
+    world = "world = 2"
 
-    def install(self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator) -> InstalledCfg:
+    @classmethod
+    def degrees(cls, world_size, config) -> tuple[int, int]:
+        if world_size != 2:
+            from . import supported_combinations
+
+            raise ParadiffError(
+                f"strategy='cfg' runs the two CFG halves on 2 ranks, got a world of {world_size}; launch 2 ranks, "
+                f"or use strategy='patch' with cfg_parallel=True to run patch on {world_size // 2} ranks per half "
+                f"(supported: {supported_combinations()})"
+            )
+        return 2, 1
+
+    def install(
+        self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int = 8
+    ) -> Installation:
         """Hook ``denoiser`` to run batch half ``comm.rank`` (of a 2-rank group) and gather both halves.
 
         Install it after any other strategy on the same denoiser: the hook registered last runs outermost.
         """
-        HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(CfgSplitHook(family, comm), HOOK_NAME)
-        return InstalledCfg(denoiser)
+        installed = Installation(denoiser, self.name)
+        installed.hook(denoiser, CfgSplitHook(family, comm))
+        return installed.done()

@@ -25,27 +25,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from dataclasses import dataclass
 
-from diffusers.hooks import HookRegistry
 from torch import nn
 
-from ..config import ParallelConfig
+from ..compat import loop_length
 from ..layers.reuse import StepReuseHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.step_rounds import StepRounds
+from .base import Strategy
+from .installation import Installation
 
-HOOK_NAME = "paradiff.parastep"
 
-
-@dataclass
-class InstalledParaStep:
+class ParaStepInstallation(Installation):
     """The hook :class:`ParaStepStrategy` put on one denoiser, and the rounds of the call in progress."""
 
-    denoiser: nn.Module
-    comm: Communicator
-    rounds: StepRounds | None = None
+    def __init__(self, model: nn.Module, strategy: str, comm: Communicator):
+        super().__init__(model, strategy)
+        self.comm = comm
+        self.rounds: StepRounds | None = None
 
     @contextlib.contextmanager
     def steer(self, pipe):
@@ -53,7 +51,7 @@ class InstalledParaStep:
         scheduler = pipe.scheduler
         shadowed = vars(scheduler).get("step")  # a wrapper someone else put on the instance, restored after
         stock_step = scheduler.step
-        rounds = StepRounds(self.comm, scheduler, lambda: getattr(pipe, "_num_timesteps", None))
+        rounds = StepRounds(self.comm, scheduler, lambda: loop_length(pipe))
         wrapper = functools.partial(rounds.scheduler_step, stock_step, inspect.signature(stock_step))
         scheduler.step = functools.update_wrapper(wrapper, stock_step)
         self.rounds = rounds
@@ -67,32 +65,14 @@ class InstalledParaStep:
             else:
                 scheduler.step = shadowed
 
-    def remove(self) -> None:
-        self.denoiser._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
 
-
-class ParaStepStrategy:
+class ParaStepStrategy(Strategy):
     name = "parastep"
-    #: Steps after warm-up are computed from speculative latents: ``warmup_steps`` trades speed for fidelity.
-    uses_warmup = True
-    #: Needs no knowledge of the denoiser's layers: any diffusers denoiser (without a CFG split).
     model_agnostic = True
-
-    @classmethod
-    def create(cls, config, groups) -> ParaStepStrategy:
-        return cls()
-
-    @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
-        """Nothing to refuse: every rank runs the whole denoiser."""
-
-    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
-        """Any size works: nothing is cut."""
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
-    ) -> InstalledParaStep:
-        installed = InstalledParaStep(denoiser, comm)
-        hook = StepReuseHook(lambda: installed.rounds)
-        HookRegistry.check_if_exists_or_initialize(denoiser).register_hook(hook, HOOK_NAME)
-        return installed
+    ) -> ParaStepInstallation:
+        installed = ParaStepInstallation(denoiser, self.name, comm)
+        installed.hook(denoiser, StepReuseHook(lambda: installed.rounds))
+        return installed.done()

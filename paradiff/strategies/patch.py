@@ -8,55 +8,46 @@ cut and joined and which attention layers mix image tokens; this module knows no
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from diffusers.hooks import HookRegistry
 from torch import nn
 
-from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..layers.attention import DisplacedKV, plan_kv_completion
 from ..layers.group_norm import BandGroupNormHook
 from ..layers.halo_conv import HaloConv2dHook, check_halo_conv, needs_halo
 from ..layers.split import BandSplitHook, TokenGatherHook, TokenSliceHook, band_rows_error
 from ..models import DenoiserFamily, family_of
-from ..runtime.comm import Communicator
-
-HOOK_NAME = "paradiff.patch"
-
-
-@dataclass
-class InstalledPatch:
-    """What :class:`PatchStrategy` changed on one denoiser, so that it can be undone exactly."""
-
-    denoiser: nn.Module
-    hooked: list[nn.Module] = field(default_factory=list)
-    processors: list[tuple[nn.Module, object]] = field(default_factory=list)
-
-    def remove(self) -> None:
-        for module in self.hooked:
-            module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
-        for attn, processor in self.processors:
-            attn.set_processor(processor)
-        invalidate_hook_cache(self.denoiser)
+from ..runtime.comm import BUCKET_LIMIT_BYTES, Communicator
+from .base import Strategy, StrategyOptions
+from .installation import Installation
 
 
-class PatchStrategy:
+@dataclass(frozen=True)
+class PatchOptions(StrategyOptions):
+    """
+    Attributes:
+        partial_context: PCPP. ``None`` (default): after warm-up every band attends to the whole image. A
+            fraction ``p`` in [0, 1]: after warm-up a band attends to itself plus the ``p`` of each neighbouring
+            band nearest the border, received from its two neighbours only; ``0`` means its own band alone.
+        bucket_limit_bytes: on displaced steps, a layer's piece smaller than this is packed with the other small
+            pieces into one transfer per denoiser call (few launches); larger pieces are sent on their own as soon
+            as they exist (a whole step to arrive behind the compute).
+    """
+
+    partial_context: float | None = None
+    bucket_limit_bytes: int = BUCKET_LIMIT_BYTES
+
+    def __post_init__(self):
+        if self.partial_context is not None and not 0.0 <= self.partial_context <= 1.0:
+            raise ParadiffError(f"partial_context must be None or within [0, 1], got {self.partial_context!r}")
+        if not isinstance(self.bucket_limit_bytes, int) or self.bucket_limit_bytes < 0:
+            raise ParadiffError(f"bucket_limit_bytes must be an integer >= 0, got {self.bucket_limit_bytes!r}")
+
+
+class PatchStrategy(Strategy):
     name = "patch"
-    #: Displaced after warm-up: ``warmup_steps`` trades speed for fidelity.
-    uses_warmup = True
-
-    def __init__(self, partial_context: float | None = None):
-        self.partial_context = partial_context
-
-    @classmethod
-    def create(cls, config, groups) -> PatchStrategy:
-        return cls(partial_context=config.partial_context)
-
-    @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
-        """Nothing more to refuse: every family paradiff knows runs in row bands; sizes are checked per call."""
+    Options = PatchOptions
 
     def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
         """Fail before any work when ``height`` pixels cannot be cut into aligned bands."""
@@ -69,45 +60,33 @@ class PatchStrategy:
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
-    ) -> InstalledPatch:
+    ) -> Installation:
         """Hook ``denoiser`` (or a VAE decoder: any module ``family`` describes) to run in row bands."""
-        installed = InstalledPatch(denoiser)
-        tags = itertools.count(1)
-
-        def hook(module: nn.Module, hook) -> None:
-            HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
-            installed.hooked.append(module)
-
+        installed = Installation(denoiser, self.name)
+        comm.bucket_limit_bytes = self.options.bucket_limit_bytes
+        partial_context = self.options.partial_context
         plan = []
         if family.banded_spatial_layers:
             for name, module in denoiser.named_modules():
                 if isinstance(module, nn.Conv2d) and needs_halo(module):
                     check_halo_conv(name, module)
-                    plan.append((module, HaloConv2dHook(comm, name, next(tags))))
+                    plan.append((module, HaloConv2dHook(comm, name, comm.tags(1)[0])))
                 elif isinstance(module, nn.GroupNorm):
                     plan.append((module, BandGroupNormHook(comm, name)))
 
         def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
-            return tuple(DisplacedKV(comm, f"{name}.{p}", next(tags), self.partial_context) for p in "kv")
+            return tuple(DisplacedKV(comm, f"{name}.{p}", comm.tags(1)[0], partial_context) for p in "kv")
 
         kv_hooks, processors = plan_kv_completion(family, family.self_attention(denoiser), kv_pair, self.name)
         plan += kv_hooks
 
-        hook(denoiser, BandSplitHook(family, comm, vae_scale_factor))
+        installed.hook(denoiser, BandSplitHook(family, comm, vae_scale_factor))
         if family.token_module:
-            hook(denoiser.get_submodule(family.token_module), TokenSliceHook(comm))
+            installed.hook(denoiser.get_submodule(family.token_module), TokenSliceHook(comm))
         if family.output_module:
-            hook(denoiser.get_submodule(family.output_module), TokenGatherHook(comm))
+            installed.hook(denoiser.get_submodule(family.output_module), TokenGatherHook(comm))
         for module, layer_hook in plan:
-            hook(module, layer_hook)
+            installed.hook(module, layer_hook)
         for attn, processor in processors:
-            installed.processors.append((attn, attn.processor))
-            attn.set_processor(processor)
-        invalidate_hook_cache(denoiser)
-        return installed
-
-
-def invalidate_hook_cache(module: nn.Module) -> None:
-    registry = HookRegistry.check_if_exists_or_initialize(module)
-    if hasattr(registry, "invalidate_child_registries_cache"):
-        registry.invalidate_child_registries_cache()
+            installed.set_processor(attn, processor)
+        return installed.done()

@@ -23,14 +23,11 @@ stage's parameters from the rank that kept them, so it is a collective: call it 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
-from diffusers.hooks import HookRegistry
 from torch import nn
 
-from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..layers.attention import plan_kv_completion
 from ..layers.stages import (
@@ -45,65 +42,70 @@ from ..layers.stages import (
 )
 from ..models import FAMILIES, DenoiserFamily, family_of
 from ..runtime.comm import Communicator
-from .patch import invalidate_hook_cache
+from .base import Strategy, StrategyOptions
+from .installation import Installation
 from .stage_cut import balanced_cut, measured_costs
 
-HOOK_NAME = "paradiff.pipefusion"
+
+@dataclass(frozen=True)
+class PipeFusionOptions(StrategyOptions):
+    """
+    Attributes:
+        pipefusion_patches: number M of patches (bands of whole token rows) that flow through the pipeline of stages
+            on displaced steps, at least the number of stages. ``None`` (default): the divisor of the call's token
+            rows nearest to twice the stages (measured best on CPU: fewer patches leave more of each step idle while
+            the pipeline fills and drains, more patches make each stage's matrix products too small to run
+            efficiently).
+        pipefusion_stages: number of transformer blocks of each stage, in block order (one entry per rank of the
+            pipeline); ``None`` (default): contiguous stages of about equal measured cost.
+    """
+
+    pipefusion_patches: int | None = None
+    pipefusion_stages: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        patches, stages = self.pipefusion_patches, self.pipefusion_stages
+        if patches is not None and (not isinstance(patches, int) or patches < 1):
+            raise ParadiffError(f"pipefusion_patches must be None or an integer >= 1, got {patches!r}")
+        if stages is not None:
+            if not isinstance(stages, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in stages):
+                raise ParadiffError(
+                    f"pipefusion_stages must be None or the number of blocks of each stage (integers >= 1), "
+                    f"got {stages!r}"
+                )
+            object.__setattr__(self, "pipefusion_stages", tuple(stages))
 
 
-@dataclass
-class InstalledPipeFusion:
-    """What :class:`PipeFusionStrategy` changed on one denoiser, so that it can be undone exactly."""
-
-    denoiser: nn.Module
-    comm: Communicator
-    #: Every block, in the order the forward runs them, and how many of them each stage holds.
-    blocks: list[nn.Module]
-    cut: tuple[int, ...]
-    hooked: list[nn.Module] = field(default_factory=list)
-    processors: list[tuple[nn.Module, object]] = field(default_factory=list)
-    #: Shapes of the parameters freed on this rank (the other stages'), by ``id`` of the parameter.
-    released: dict[int, torch.Size] = field(default_factory=dict)
-
-    def remove(self) -> None:
-        for module in self.hooked:
-            module._diffusers_hook.remove_hook(HOOK_NAME, recurse=False)
-        for attn, processor in self.processors:
-            attn.set_processor(processor)
-        self._restore()
-        invalidate_hook_cache(self.denoiser)
-
-    def _restore(self) -> None:
-        """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it."""
-        ranks = self.comm.ranks
-        for stage, blocks in enumerate(_split(self.blocks, self.cut)):
-            for param in _params_of(blocks):
-                if id(param) in self.released:
-                    param.data = param.data.new_empty(self.released.pop(id(param)))
-                dist.broadcast(param.data, ranks.global_rank(stage), group=ranks.group)
-
-
-class PipeFusionStrategy:
+class PipeFusionStrategy(Strategy):
     name = "pipefusion"
-    #: Displaced after warm-up: ``warmup_steps`` trades speed for fidelity.
-    uses_warmup = True
-
-    def __init__(self, patches: int | None = None, stages: tuple[int, ...] | None = None):
-        self.patches, self.stages = patches, stages
+    Options = PipeFusionOptions
 
     @classmethod
-    def create(cls, config, groups) -> PipeFusionStrategy:
-        return cls(patches=config.pipefusion_patches, stages=config.pipefusion_stages)
+    def check_world(cls, degree: int, config) -> None:
+        """Refuse patch and stage counts that do not fit ``degree`` stages (one per rank of a CFG half)."""
+        per_half = " per CFG half" if config.cfg_parallel else ""
+        patches, stages = config.options.pipefusion_patches, config.options.pipefusion_stages
+        if patches is not None and patches < degree:
+            raise ParadiffError(
+                f"pipefusion_patches={patches} is fewer than the {degree} pipeline stages (one per rank{per_half}): "
+                f"some stages would never work; use pipefusion_patches >= {degree}, or None for the default"
+            )
+        if stages is not None and len(stages) != degree:
+            raise ParadiffError(
+                f"pipefusion_stages={list(stages)} gives {len(stages)} stages, but the pipeline has {degree} (one per "
+                f"rank{per_half}); give one block count per stage"
+            )
 
     @classmethod
-    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model whose blocks cannot form ``degree`` stages."""
         name = type(denoiser).__name__
         if family.block_stack is None:
             supported = ", ".join(n for f in FAMILIES if f.block_stack is not None for n in f.class_names)
             raise ParadiffError(
                 f"strategy='pipefusion' does not support {name}: it cuts a transformer's sequence of blocks into "
-                f"stages; supported: {supported} (use strategy='patch' or 'cfg' for the others)"
+                f"stages; supported: {supported} (use strategy='patch', 'parastep', 'asyncdiff' or 'cfg' for the "
+                "others)"
             )
         count = len(stage_blocks(denoiser, family.block_stack))
         if count < degree:
@@ -114,7 +116,7 @@ class PipeFusionStrategy:
             )
         # every attention layer, not only a rank's own stage's: all ranks refuse the same processor alike
         plan_kv_completion(family, family.self_attention(denoiser), lambda name: (None, None), cls.name)
-        stages = config.pipefusion_stages
+        stages = config.options.pipefusion_stages
         if stages is not None and sum(stages) != count:
             raise ParadiffError(
                 f"pipefusion_stages={list(stages)} cuts {sum(stages)} blocks, but this {name} has {count} transformer "
@@ -126,49 +128,63 @@ class PipeFusionStrategy:
         pixels = family_of(denoiser).pixels_per_row(denoiser, vae_scale_factor)
         if height % pixels:
             raise ParadiffError(f"height {height} is not a multiple of {pixels} pixels per row of tokens")
-        plan_patches(height // pixels, self.patches, comm.size, pixels)
+        plan_patches(height // pixels, self.options.pipefusion_patches, comm.size, pixels)
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
-    ) -> InstalledPipeFusion:
+    ) -> PipeFusionInstallation:
         """Keep this rank's stage of ``denoiser``'s blocks, free the others', hook it to run as a pipeline."""
         stack = family.block_stack
-        named = stage_blocks(denoiser, stack)
-        blocks = [block for _, block in named]
-        cut = self.stages or balanced_cut(measured_costs(family, denoiser, blocks, comm), comm.size)
+        blocks = [block for _, block in stage_blocks(denoiser, stack)]
+        cut = self.options.pipefusion_stages or balanced_cut(measured_costs(family, denoiser, blocks, comm), comm.size)
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
-        installed = InstalledPipeFusion(denoiser, comm, blocks, cut)
-
-        def hook(module: nn.Module, hook) -> None:
-            HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
-            installed.hooked.append(module)
+        installed = PipeFusionInstallation(denoiser, self.name, comm, blocks, cut)
 
         def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:
-            return PatchKV(comm, f"{HOOK_NAME}.{name}.k"), PatchKV(comm, f"{HOOK_NAME}.{name}.v")
+            return PatchKV(comm, f"{installed.hook_name}.{name}.k"), PatchKV(comm, f"{installed.hook_name}.{name}.v")
 
         own_modules = {id(m) for i in mine for m in blocks[i].modules()}
         layers = [(name, attn) for name, attn in family.self_attention(denoiser) if id(attn) in own_modules]
         kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
 
         call = PipelineCall(comm)
-        hook(denoiser, PipelineCallHook(family, call, self.patches, vae_scale_factor))
+        installed.hook(denoiser, PipelineCallHook(family, call, self.options.pipefusion_patches, vae_scale_factor))
         block_hooks = {i: PassThroughHook(stack) for i in range(len(blocks)) if i != first}
 
         def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
-            return [block_hooks[i].fn_ref.original_forward for i in mine]
+            return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
 
         block_hooks[first] = StageEntryHook(Stage(stack, call, stage_forwards))
         for index, block in enumerate(blocks):
-            hook(block, block_hooks[index])
+            installed.hook(block, block_hooks[index])
         for module, layer_hook in kv_hooks:
-            hook(module, layer_hook)
+            installed.hook(module, layer_hook)
         for attn, processor in processors:
-            installed.processors.append((attn, attn.processor))
-            attn.set_processor(processor)
+            installed.set_processor(attn, processor)
         installed.released = _release(denoiser, blocks, cut, comm.rank)
-        invalidate_hook_cache(denoiser)
-        return installed
+        installed.on_remove(installed.restore)
+        return installed.done()
+
+
+class PipeFusionInstallation(Installation):
+    """Also frees the other stages' parameters; :meth:`restore` brings them back from the ranks that kept them."""
+
+    def __init__(self, model: nn.Module, strategy: str, comm: Communicator, blocks: list[nn.Module], cut):
+        super().__init__(model, strategy)
+        self.comm = comm
+        #: Every block, in the order the forward runs them, and how many of them each stage holds.
+        self.blocks, self.cut = blocks, tuple(cut)
+        #: Shapes of the parameters freed on this rank (the other stages'), by ``id`` of the parameter.
+        self.released: dict[int, torch.Size] = {}
+
+    def restore(self) -> None:
+        """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it."""
+        for stage, blocks in enumerate(_split(self.blocks, self.cut)):
+            for param in _params_of(blocks):
+                if id(param) in self.released:
+                    param.data = param.data.new_empty(self.released.pop(id(param)))
+                self.comm.wait([self.comm.broadcast(param.data, stage)[0]])
 
 
 def _split(blocks: list[nn.Module], cut: tuple[int, ...]) -> list[list[nn.Module]]:

@@ -1,0 +1,98 @@
+"""The contract every strategy implements, and the options dataclass each one owns.
+
+A strategy is one module: a :class:`Strategy` subclass, its :class:`StrategyOptions` subclass if it
+has options, and one line in the registry (:mod:`paradiff.strategies`). ``parallelize`` drives it in
+this order, on every rank alike:
+
+1. ``degrees(world_size, config)`` and ``check_world(degree, config)`` (class methods): the mesh, and
+   whether this world suits the strategy's options, before any collective;
+2. ``check_model(denoiser, family, degree, config)`` (class method): whether the model suits it, before any
+   collective (skipped when the strategy runs on one rank per CFG half: then only the CFG split runs);
+3. ``Strategy(config.options, groups)`` and ``install(denoiser, family, comm, vae_scale_factor)``, which
+   returns the :class:`~paradiff.strategies.installation.Installation` that undoes it;
+4. per ``pipe(...)`` call, ``check_height(...)`` before the call and ``installation.steer(pipe)`` around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from ..errors import ParadiffError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..config import ParallelConfig
+    from ..models import DenoiserFamily
+    from ..runtime.comm import Communicator
+    from ..runtime.mesh import MeshGroups
+    from .installation import Installation
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """Options only one strategy reads. Field names are ``parallelize()`` keywords, so they carry the
+    strategy's name where a bare name could be ambiguous (``pipefusion_patches``); a subclass validates
+    its fields in ``__post_init__`` and raises :class:`~paradiff.errors.ParadiffError`."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+
+class Strategy:
+    """How a denoiser's work is split over the D ranks of a group (within each CFG half)."""
+
+    #: The name ``parallelize(strategy=...)`` takes.
+    name: ClassVar[str] = ""
+    #: The options it reads.
+    Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+    #: Displaced after warm-up, so ``warmup_steps`` trades speed for fidelity; False: exact at every step.
+    uses_warmup: ClassVar[bool] = True
+    #: Needs no knowledge of the denoiser's layers, so it runs any denoiser (without a CFG split).
+    model_agnostic: ClassVar[bool] = False
+    #: The CFG split alone (``cfg``): sets ``cfg_parallel`` and runs no strategy within the halves.
+    cfg_split_alone: ClassVar[bool] = False
+    #: How many ranks it runs on, as messages about supported combinations say it.
+    world: ClassVar[str] = "world = its degree"
+
+    def __init__(self, options: StrategyOptions | None = None, groups: MeshGroups | None = None):
+        self.options = options if options is not None else self.Options()
+        self.groups = groups
+
+    @classmethod
+    def degrees(cls, world_size: int, config: ParallelConfig) -> tuple[int, int]:
+        """``(cfg groups, ranks per group)``: ``(1, world_size)``, or ``(2, world_size // 2)`` with ``cfg_parallel``."""
+        if not config.cfg_parallel:
+            degree = world_size
+        elif world_size % 2:
+            from . import supported_combinations
+
+            even = " or ".join(str(n) for n in (world_size - 1, world_size + 1) if n >= 2)
+            raise ParadiffError(
+                f"cfg_parallel needs an even world size, got {world_size}: the two CFG halves run on two equal "
+                f"groups of ranks; launch {even} ranks (supported: {supported_combinations()})"
+            )
+        else:
+            degree = world_size // 2
+        cls.check_world(degree, config)
+        return (2 if config.cfg_parallel else 1), degree
+
+    @classmethod
+    def check_world(cls, degree: int, config: ParallelConfig) -> None:
+        """Refuse options that cannot work on ``degree`` ranks per CFG half (nothing to refuse by default)."""
+
+    @classmethod
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
+        """Refuse a model this strategy cannot run over ``degree`` ranks (nothing to refuse by default)."""
+
+    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
+        """Refuse, before a call's work, a height the strategy cannot cut (any height works by default)."""
+
+    def install(
+        self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
+    ) -> Installation:
+        """Change ``denoiser`` to run over ``comm``'s ranks; the returned installation undoes it."""
+        raise NotImplementedError

@@ -1,0 +1,58 @@
+"""What a strategy changed on one model — hooks, attention processors, anything else — undone exactly."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from diffusers.hooks import HookRegistry
+from torch import nn
+
+from ..compat import invalidate_hook_cache, remove_hook
+
+
+class Installation:
+    """Registers a strategy's hooks and swaps attention processors on one model, and undoes both.
+
+    Every hook is registered under one name (``paradiff.<strategy>``) on the modules it was put on, so
+    :meth:`remove` takes away this strategy's hooks and no one else's; processors come back as they were.
+    Other changes (freed parameters, diffusers' own parallelism) are undone by the callbacks given to
+    :meth:`on_remove`, before the processors are restored.
+    """
+
+    def __init__(self, model: nn.Module, strategy: str):
+        self.model = model
+        self.hook_name = f"paradiff.{strategy}"
+        self.hooked: list[nn.Module] = []
+        self.processors: list[tuple[nn.Module, object]] = []
+        self.undo: list[Callable[[], None]] = []
+
+    def hook(self, module: nn.Module, hook) -> None:
+        """Register ``hook`` on ``module``; hooks registered later run outside earlier ones."""
+        HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, self.hook_name)
+        self.hooked.append(module)
+
+    def set_processor(self, attn: nn.Module, processor) -> None:
+        self.processors.append((attn, attn.processor))
+        attn.set_processor(processor)
+
+    def on_remove(self, undo: Callable[[], None]) -> None:
+        self.undo.append(undo)
+
+    def done(self) -> Installation:
+        """Call after the last hook: hooks on submodules take effect once the model's hook cache is rebuilt."""
+        invalidate_hook_cache(self.model)
+        return self
+
+    def steer(self, pipe) -> contextlib.AbstractContextManager:
+        """The strategy's hold on the pipeline's loop during one call; none by default."""
+        return contextlib.nullcontext()
+
+    def remove(self) -> None:
+        for module in self.hooked:
+            remove_hook(module, self.hook_name)
+        for undo in reversed(self.undo):
+            undo()
+        for attn, processor in reversed(self.processors):
+            attn.set_processor(processor)
+        invalidate_hook_cache(self.model)
