@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .strategies import strategy_names
 from .errors import ParadiffError
 from .launch import ranks_to_use, run_on_ranks
 from .loading import DEFAULT_MODEL, MODEL_NAMES, check_model, load_pipeline, prompt_kwargs
+from .strategies import strategy_names
 
 
 @dataclass(frozen=True)
@@ -162,8 +163,22 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Packages only ``paradiff bench`` needs (its figures and fidelity metrics): the ``bench`` extra.
+BENCH_PACKAGES = ("matplotlib", "torchmetrics")
+
+
+def _require_bench_extra() -> None:
+    missing = [name for name in BENCH_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ParadiffError(
+            f"paradiff bench needs {', '.join(missing)}, which the core install leaves out; "
+            "pip install 'paradiff[bench]'"
+        )
+
+
 def bench(args: argparse.Namespace) -> int:
     """One device, then every strategy × warm-up on N ranks, same prompts and seeds; writes a report."""
+    _require_bench_extra()
     from .bench.job import job_from_args
 
     job = job_from_args(args, threads=_threads_per_rank(args))

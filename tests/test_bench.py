@@ -150,3 +150,11 @@ def test_plot_takes_identical_runs(tmp_path):
 
 def test_json_has_no_infinities():
     assert _json_safe({"a": [math.inf, 1.5, (math.nan,)], "b": "x"}) == {"a": [None, 1.5, [None]], "b": "x"}
+
+
+def test_a_missing_bench_extra_is_named(capsys, no_workers, tmp_path, monkeypatch):
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name))
+    assert cli.main([*BENCH, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "paradiff bench needs matplotlib" in err and "pip install 'paradiff[bench]'" in err
