@@ -1,0 +1,134 @@
+"""Displaced steps equal their single-process references (``displaced_reference``) up to float round-off.
+
+PSNR floors alone would let an off-by-one in staleness pass (reading the activations of two steps ago,
+or this step's): these tests pin the displaced semantics of each strategy, on the final latents in fp32.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from displaced_reference import (
+    asyncdiff_reference,
+    parastep_reference,
+    patch_reference,
+    pipefusion_reference,
+)
+
+import paradiff
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+STEPS = 5
+#: Largest difference allowed, relative to the output's largest magnitude: float round-off.
+TOLERANCE = 1e-5
+#: The displaced output must differ from the one-device output by far more than the tolerance.
+DISPLACED_AT_LEAST = 1e-3
+#: ``bucket_limit_bytes`` of the patch strategy's two transfer paths: every displaced piece packed into one bucket
+#: per call, or each sent on its own (double-buffered).
+BUCKET_LIMITS = {"bucketed": 1 << 40, "direct": 0}
+
+
+def _call(pipe, family: str, size: int, steps: int) -> dict:
+    return {
+        **prompt_inputs(pipe, family),
+        "height": size,
+        "width": size,
+        "num_inference_steps": steps,
+        "generator": torch.Generator().manual_seed(0),
+        "output_type": "latent",
+    }
+
+
+def _pipeline(family: str, scheduler: str | None):
+    """PixArt's default DPM-Solver lets the random tiny model's latents grow to hundreds, which buries the
+    displaced effect under the output's magnitude; DDIM (which clips its x0 estimate) keeps them bounded."""
+    return build_pipeline(family, scheduler=scheduler or ("ddim" if family == "pixart" else None))
+
+
+def displaced_latents(family: str, size: int, steps: int, scheduler: str | None = None, **options) -> np.ndarray:
+    """This rank's final latents from ``parallelize(pipe, **options)`` (runs on every rank of a pool)."""
+    pipe = paradiff.parallelize(_pipeline(family, scheduler), **options)
+    try:
+        return pipe(**_call(pipe, family, size, steps)).images.numpy()
+    finally:
+        paradiff.unparallelize(pipe)
+
+
+def _check(results: list[np.ndarray], family: str, size: int, steps: int, reference, scheduler=None) -> None:
+    """Every rank equal, equal to ``reference(pipe, call)`` within round-off, and unlike one device."""
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])
+    pipe = _pipeline(family, scheduler)
+    one_device = pipe(**_call(pipe, family, size, steps)).images.numpy()
+    expected = reference(pipe, _call(pipe, family, size, steps)).images.numpy()
+    scale = float(np.abs(expected).max())
+    error = float(np.abs(results[0] - expected).max()) / scale
+    moved = float(np.abs(results[0] - one_device).max()) / scale
+    print(f"relative difference to the reference {error:.2e}, to one device {moved:.2e}")
+    assert error <= TOLERANCE, error
+    assert moved >= DISPLACED_AT_LEAST, moved
+
+
+@pytest.mark.parametrize(
+    ("family", "ranks", "warmup", "size", "transfers"),
+    [
+        ("sd", 2, 1, 64, "bucketed"),
+        ("sd", 4, 2, 128, "direct"),
+        ("pixart", 2, 2, 64, "direct"),
+        ("pixart", 4, 1, 128, "bucketed"),
+    ],
+)
+def test_patch(rank_pool, family, ranks, warmup, size, transfers):
+    limit = BUCKET_LIMITS[transfers]
+    results = rank_pool(ranks).run(
+        displaced_latents, family, size, STEPS, strategy="patch", warmup_steps=warmup, bucket_limit_bytes=limit
+    )
+    _check(results, family, size, STEPS, partial(patch_reference, ranks=ranks, warmup_steps=warmup))
+
+
+@pytest.mark.parametrize(("warmup", "patches"), [(1, 4), (2, 2)])
+def test_pipefusion(pool2, warmup, patches):
+    """The tiny PixArt has two blocks: two stages at most."""
+    results = pool2.run(
+        displaced_latents, "pixart", 64, STEPS, strategy="pipefusion", warmup_steps=warmup, pipefusion_patches=patches
+    )
+    _check(results, "pixart", 64, STEPS, partial(pipefusion_reference, patches=patches, warmup_steps=warmup))
+
+
+@pytest.mark.parametrize(
+    ("family", "scheduler", "ranks", "warmup", "steps"),
+    # multistep schedulers keep a history of predictions; 4 ranks, warm-up 2, 6 steps: a round shorter than the ranks
+    [("sd", "dpm", 2, 1, STEPS), ("sd", "unipc", 4, 1, 6), ("pixart", None, 2, 2, STEPS), ("pixart", None, 4, 2, 6)],
+)
+def test_parastep(rank_pool, family, scheduler, ranks, warmup, steps):
+    results = rank_pool(ranks).run(
+        displaced_latents, family, 64, steps, scheduler, strategy="parastep", warmup_steps=warmup
+    )
+    _check(results, family, 64, steps, partial(parastep_reference, ranks=ranks, warmup_steps=warmup), scheduler)
+
+
+@pytest.mark.parametrize(
+    ("family", "ranks", "warmup", "cut", "stride"),
+    [
+        ("sd", 2, 1, (3, 4), 1),
+        ("sd", 4, 2, (2, 2, 1, 2), 1),
+        ("pixart", 2, 2, (1, 1), 1),
+        ("sd", 4, 1, (2, 3, 2), 2),
+    ],
+)
+def test_asyncdiff(rank_pool, family, ranks, warmup, cut, stride):
+    results = rank_pool(ranks).run(
+        displaced_latents,
+        family,
+        64,
+        STEPS,
+        strategy="asyncdiff",
+        warmup_steps=warmup,
+        asyncdiff_cut=cut,
+        asyncdiff_stride=stride,
+    )
+    reference = partial(asyncdiff_reference, cut=cut, warmup_steps=warmup, stride=stride)
+    _check(results, family, 64, STEPS, reference)
