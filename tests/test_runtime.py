@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from paradiff.metrics import psnr
+from paradiff.runtime.distributed import TAG_LIMIT, TagCounter
 from paradiff.runtime.step_state import RowPartition, StepState
 
 
@@ -64,3 +65,14 @@ def test_psnr():
     a = np.zeros((4, 4, 3))
     assert math.isinf(psnr(a, a))
     assert psnr(a + 0.1, a) == pytest.approx(20.0)
+
+
+def test_call_tags_come_round_again_after_the_whole_range_but_never_onto_lasting_tags():
+    tags = TagCounter()
+    assert tags.reserve(3, lasting=True) == range(1, 4)  # a layer's own, for the whole installation
+    assert tags.reserve(2, lasting=False) == range(4, 6)
+    assert tags.reserve(4, lasting=False) == range(6, 10)  # never the same twice in a row
+    tags.next = TAG_LIMIT - 1
+    assert tags.reserve(5, lasting=False) == range(4, 9)  # past the end: back to the first call tag
+    with pytest.raises(RuntimeError, match="lasting message tags are reserved at install time"):
+        tags.reserve(1, lasting=True)

@@ -154,8 +154,6 @@ class CommStats:
         return summary
 
 
-#: gloo carries tags as 32-bit signed integers.
-TAG_LIMIT = 2**31 - 1
 #: Default of ``Communicator.bucket_limit_bytes``.
 BUCKET_LIMIT_BYTES = 256 * 1024
 
@@ -192,16 +190,13 @@ class Communicator:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def tags(self, count: int) -> range:
-        """``count`` message tags no other link on this group uses (reserved in the same order on every rank).
+    def tags(self, count: int, lasting: bool = False) -> range:
+        """``count`` message tags no other link on this group is using, the same on every rank.
 
-        Never reused within a process: a receive that a failed call left posted matches nothing later.
+        ``lasting``: a layer's own tags for as long as the strategy is installed (reserve them at install
+        time); otherwise tags for one call's messages (:class:`~paradiff.runtime.distributed.TagCounter`).
         """
-        start = self.ranks.next_tag
-        if start + count > TAG_LIMIT:
-            raise RuntimeError(f"paradiff ran out of message tags on this process group ({TAG_LIMIT} reserved)")
-        self.ranks.next_tag = start + count
-        return range(start, start + count)
+        return self.ranks.tags.reserve(count, lasting)
 
     def record(self, kind: str, nbytes: int = 0, wait_s: float = 0.0, exchanges: int = 1, step: int | None = None):
         """Count ``exchanges`` exchanges of ``kind``, the bytes this rank sent and the seconds it was blocked."""

@@ -48,6 +48,36 @@ def ensure_process_group(timeout: timedelta) -> None:
         dist.init_process_group("gloo", timeout=timeout)
 
 
+#: gloo carries message tags as 32-bit signed integers.
+TAG_LIMIT = 2**31 - 1
+
+
+@dataclass
+class TagCounter:
+    """Hands out the message tags of one process group, in the same order on every rank.
+
+    Lasting tags (a layer's own, reserved when a strategy is installed) are never handed out again.
+    Tags for one call's messages are handed out in turn and come round again only after the whole range
+    has been used once, so a receive that a failed call left posted matches no message for a long time.
+    """
+
+    next: int = 1
+    #: Where call tags start again after the last one: past every lasting tag.
+    calls_start: int = 1
+
+    def reserve(self, count: int, lasting: bool) -> range:
+        if lasting:
+            if self.next != self.calls_start:
+                raise RuntimeError("lasting message tags are reserved at install time, before any call's tags")
+            self.calls_start += count
+        elif self.next + count > TAG_LIMIT:
+            self.next = self.calls_start
+        if self.next + count > TAG_LIMIT:
+            raise RuntimeError(f"{count} message tags do not fit below {TAG_LIMIT} after the lasting ones")
+        start, self.next = self.next, self.next + count
+        return range(start, start + count)
+
+
 @dataclass
 class RankGroup:
     """The ranks one strategy runs over, this rank's place among them, and two process groups.
@@ -62,9 +92,9 @@ class RankGroup:
     rank: int
     size: int
     timeout: timedelta
-    #: The next message tag no link on these groups has reserved yet (``Communicator.tags`` reserves them):
-    #: kept per group, because several communicators (the denoiser's, the VAE decoder's) may share one.
-    next_tag: int = field(default=1, compare=False)
+    #: Message tags of these groups (``Communicator.tags`` reserves them): kept per group, because
+    #: several communicators (the denoiser's, the VAE decoder's) may share one.
+    tags: TagCounter = field(default_factory=lambda: TagCounter(), compare=False)
 
     @classmethod
     def world(cls, timeout: timedelta) -> RankGroup:

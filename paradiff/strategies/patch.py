@@ -70,12 +70,12 @@ class PatchStrategy(Strategy):
             for name, module in denoiser.named_modules():
                 if isinstance(module, nn.Conv2d) and needs_halo(module):
                     check_halo_conv(name, module)
-                    plan.append((module, HaloConv2dHook(comm, name, comm.tags(1)[0])))
+                    plan.append((module, HaloConv2dHook(comm, name, comm.tags(1, lasting=True)[0])))
                 elif isinstance(module, nn.GroupNorm):
                     plan.append((module, BandGroupNormHook(comm, name)))
 
         def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
-            return tuple(DisplacedKV(comm, f"{name}.{p}", comm.tags(1)[0], partial_context) for p in "kv")
+            return tuple(DisplacedKV(comm, f"{name}.{p}", comm.tags(1, lasting=True)[0], partial_context) for p in "kv")
 
         kv_hooks, processors = plan_kv_completion(family, family.self_attention(denoiser), kv_pair, self.name)
         plan += kv_hooks
