@@ -87,7 +87,9 @@ def test_a_strategy_registered_in_a_test_file_runs_exactly_at_2_ranks(pool2):
 
 def test_registration_gives_the_name_its_options_and_messages():
     assert "test-batch-share" in strategy_names()
-    assert "strategy='test-batch-share' (world = its degree)" in supported_combinations()
+    combinations = supported_combinations()
+    assert "or 'test-batch-share' (world = its degree)" in combinations
+    assert "or 'test-batch-share' with cfg_parallel=True" in combinations
     config = paradiff.ParallelConfig(strategy="test-batch-share", batch_share_min=2, warmup_steps=1)
     assert config.options == BatchShareOptions(batch_share_min=2) and config.batch_share_min == 2
     with pytest.raises(ParadiffError, match="batch_share_min must be >= 1, got 0"):

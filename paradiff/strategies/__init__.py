@@ -55,6 +55,13 @@ def strategy_class(name: str) -> type:
 
 def supported_combinations() -> str:
     """What runs together and on how many ranks; named by every error about a combination."""
-    alone = [f"strategy='{name}' ({strategy_class(name).world})" for name in strategy_names()]
+    by_world: dict[str, list[str]] = {}
+    for name in strategy_names():
+        by_world.setdefault(strategy_class(name).world, []).append(f"'{name}'")
+    alone = [f"{_listed(names)} ({world})" for world, names in by_world.items()]
     paired = [f"'{name}'" for name in strategy_names() if not strategy_class(name).cfg_split_alone]
-    return f"{', '.join(alone)}; {', '.join(paired)} with cfg_parallel=True (world = 2 × theirs)"
+    return f"strategy={', '.join(alone)}; {_listed(paired)} with cfg_parallel=True (world = 2 × theirs)"
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
