@@ -42,26 +42,38 @@ def _call(pipe, family: str, size: int, steps: int) -> dict:
     }
 
 
-def _pipeline(family: str, scheduler: str | None):
+def _pipeline(family: str, scheduler: str | None, blocks: int | None = None):
     """PixArt's default DPM-Solver lets the random tiny model's latents grow to hundreds, which buries the
-    displaced effect under the output's magnitude; DDIM (which clips its x0 estimate) keeps them bounded."""
-    return build_pipeline(family, scheduler=scheduler or ("ddim" if family == "pixart" else None))
+    displaced effect under the output's magnitude; DDIM (which clips its x0 estimate) keeps them bounded.
+
+    ``blocks``: a DiT of that many blocks instead of the tiny one's two (seeded alike on every rank).
+    """
+    pipe = build_pipeline(family, scheduler=scheduler or ("ddim" if family == "pixart" else None))
+    if blocks is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            pipe.transformer = type(pipe.transformer).from_config({**pipe.transformer.config, "num_layers": blocks})
+    return pipe
 
 
-def displaced_latents(family: str, size: int, steps: int, scheduler: str | None = None, **options) -> np.ndarray:
+def displaced_latents(
+    family: str, size: int, steps: int, scheduler: str | None = None, blocks: int | None = None, **options
+) -> np.ndarray:
     """This rank's final latents from ``parallelize(pipe, **options)`` (runs on every rank of a pool)."""
-    pipe = paradiff.parallelize(_pipeline(family, scheduler), **options)
+    pipe = paradiff.parallelize(_pipeline(family, scheduler, blocks), **options)
     try:
         return pipe(**_call(pipe, family, size, steps)).images.numpy()
     finally:
         paradiff.unparallelize(pipe)
 
 
-def _check(results: list[np.ndarray], family: str, size: int, steps: int, reference, scheduler=None) -> None:
+def _check(
+    results: list[np.ndarray], family: str, size: int, steps: int, reference, scheduler=None, blocks=None
+) -> None:
     """Every rank equal, equal to ``reference(pipe, call)`` within round-off, and unlike one device."""
     for result in results[1:]:
         np.testing.assert_array_equal(result, results[0])
-    pipe = _pipeline(family, scheduler)
+    pipe = _pipeline(family, scheduler, blocks)
     one_device = pipe(**_call(pipe, family, size, steps)).images.numpy()
     expected = reference(pipe, _call(pipe, family, size, steps)).images.numpy()
     scale = float(np.abs(expected).max())
@@ -89,13 +101,13 @@ def test_patch(rank_pool, family, ranks, warmup, size, transfers):
     _check(results, family, size, STEPS, partial(patch_reference, ranks=ranks, warmup_steps=warmup))
 
 
-@pytest.mark.parametrize(("warmup", "patches"), [(1, 4), (2, 2)])
-def test_pipefusion(pool2, warmup, patches):
-    """The tiny PixArt has two blocks: two stages at most."""
-    results = pool2.run(
-        displaced_latents, "pixart", 64, STEPS, strategy="pipefusion", warmup_steps=warmup, pipefusion_patches=patches
-    )
-    _check(results, "pixart", 64, STEPS, partial(pipefusion_reference, patches=patches, warmup_steps=warmup))
+@pytest.mark.parametrize(("ranks", "warmup", "patches", "blocks"), [(2, 1, 4, None), (2, 2, 2, None), (4, 1, 4, 4)])
+def test_pipefusion(rank_pool, ranks, warmup, patches, blocks):
+    """One stage per rank: the tiny PixArt's two blocks serve 2 ranks, a 4-block one 4 ranks."""
+    options = {"strategy": "pipefusion", "warmup_steps": warmup, "pipefusion_patches": patches}
+    results = rank_pool(ranks).run(displaced_latents, "pixart", 64, STEPS, blocks=blocks, **options)
+    reference = partial(pipefusion_reference, patches=patches, warmup_steps=warmup)
+    _check(results, "pixart", 64, STEPS, reference, blocks=blocks)
 
 
 @pytest.mark.parametrize(
