@@ -167,12 +167,13 @@ class Communicator:
     counts bytes and waits per step and kind. Ranks are numbered within the group.
     """
 
-    def __init__(self, ranks: RankGroup, state: StepState, bucket_limit_bytes: int = BUCKET_LIMIT_BYTES):
+    def __init__(self, ranks: RankGroup, state: StepState):
         self.ranks = ranks
         self.state = state
         #: Displaced pieces at least this large are sent on their own as soon as a layer produces them,
-        #: so the transfer has a whole step to finish behind the compute; smaller ones are bucketed.
-        self.bucket_limit_bytes = bucket_limit_bytes
+        #: so the transfer has a whole step to finish behind the compute; smaller ones are bucketed
+        #: (the patch strategy's ``bucket_limit_bytes`` option sets it).
+        self.bucket_limit_bytes = BUCKET_LIMIT_BYTES
         self.stats = CommStats()
 
     @property
@@ -224,7 +225,7 @@ class Communicator:
     def broadcast(self, tensor: torch.Tensor, source: int, background: bool = False) -> tuple[object, int]:
         """Start overwriting ``tensor`` (contiguous) with rank ``source``'s; (work, bytes this rank sent)."""
         work = dist.broadcast(tensor, self.ranks.global_rank(source), group=self._group(background), async_op=True)
-        return work, tensor_bytes(tensor) * (self.size - 1) if self.rank == source else 0
+        return work, (tensor_bytes(tensor) * (self.size - 1) if self.rank == source else 0)
 
     def all_gather(self, pieces: list[torch.Tensor], tensor: torch.Tensor, background: bool = False):
         """Start gathering every rank's ``tensor`` into ``pieces``; (work, bytes this rank sent)."""
