@@ -147,7 +147,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     denoiser = find_denoiser(pipe)
     strategy_cls = strategy_class(config.strategy)
-    family = family_of(denoiser, any_model=strategy_cls.model_agnostic and not config.cfg_parallel)
+    family = family_of(denoiser, any_model=strategy_cls.model_agnostic)  # the CFG split is model-agnostic too
     world_size = env_world_size()
     if world_size == 1:
         return pipe

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from patch_cases import check_exact_and_restored, flux_true_cfg_inputs, generate, parallel_vs_one_device
+from video_pipeline import build_tiny_cogvideox
 
 import paradiff
 from paradiff import ParadiffError
@@ -64,6 +65,36 @@ def test_cfg_times_patch_displaced_stays_close(pool4):
         assert result["max_error"] > 1e-6 and result["psnr_db"] > 30.0
     for result in results[1:]:
         np.testing.assert_array_equal(result["image"], results[0]["image"])
+
+
+def cogvideox_vs_one_device(steps: int, **options) -> dict:
+    """A video DiT no family describes (CogVideoX batches CFG in one call), one device vs ``parallelize``."""
+    pipe = build_tiny_cogvideox()
+
+    def video():
+        call = {"num_inference_steps": steps, "num_frames": 5, "height": 32, "width": 32, "output_type": "np"}
+        return pipe("a red circle", generator=torch.Generator().manual_seed(0), **call).frames
+
+    reference = video()
+    pipe = paradiff.parallelize(pipe, **options)
+    parallel = video()
+    stats = paradiff.comm_stats(pipe)
+    paradiff.unparallelize(pipe)
+    return {"max_error": float(np.abs(parallel - reference).max()), "video": parallel, "stats": stats}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "options"),
+    [(2, {"strategy": "cfg"}), (4, {"strategy": "parastep", "cfg_parallel": True, "warmup_steps": 3})],
+    ids=["cfg", "parastep-x-cfg"],
+)
+def test_the_cfg_split_runs_a_denoiser_no_family_describes(rank_pool, ranks, options):
+    steps = 3
+    results = rank_pool(ranks).run(cogvideox_vs_one_device, steps, **options)
+    for result in results:
+        assert result["max_error"] <= TOLERANCE
+        assert result["stats"]["cfg_gathers"] == steps  # the halves really ran apart
+        np.testing.assert_array_equal(result["video"], results[0]["video"])
 
 
 def odd_batch_error(case: str) -> dict:

@@ -262,9 +262,10 @@ def test_options_of_other_strategies_are_refused(options, message):
         paradiff.ParallelConfig(strategy="parastep", **options)
 
 
-def test_any_denoiser_runs_but_the_cfg_split_needs_a_known_one(monkeypatch):
+def test_a_strategy_that_needs_a_family_refuses_an_unknown_denoiser_naming_those_that_run_it(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")  # no process group exists: it must fail before creating one
     pipe = build_tiny_cogvideox()
-    with pytest.raises(ParadiffError, match=r"CogVideoXTransformer3DModel is not supported.*'parastep' without cfg_p"):
-        paradiff.parallelize(pipe, strategy="parastep", cfg_parallel=True)
+    message = r"CogVideoXTransformer3DModel is not supported.*'parastep' and strategy='cfg' run any denoiser"
+    with pytest.raises(ParadiffError, match=message):
+        paradiff.parallelize(pipe, strategy="patch", cfg_parallel=True)
     assert not hasattr(pipe, "_paradiff")

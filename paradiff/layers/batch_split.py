@@ -60,7 +60,7 @@ class CfgSplitHook(CallContextHook):
         batch = inputs[family.latent_arg].shape[0]
         if batch % 2:
             raise ParadiffError(odd_batch_message(batch))
-        self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg])
+        self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg] if family.timestep_arg else 0)
         for name, value in list(inputs.items()):
             if name not in family.unbatched_args:
                 inputs[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from ..errors import ParadiffError
@@ -31,9 +33,18 @@ def decoder_family_of(model: nn.Module) -> DenoiserFamily | None:
 
 
 class AnyDenoiserFamily(DenoiserFamily):
-    """A denoiser class paradiff knows nothing about: enough for a strategy that never looks inside it."""
+    """A denoiser class paradiff knows nothing about: enough for strategies that never look inside it.
+
+    What they need is read from the class's ``forward``: the latent is its first argument (diffusers'
+    denoisers all take it first, as ``hidden_states`` or ``sample``), the timestep is ``timestep``.
+    """
 
     name = "any"
+
+    def __init__(self, model: nn.Module):
+        parameters = list(inspect.signature(type(model).forward).parameters)[1:]
+        self.latent_arg = parameters[0]
+        self.timestep_arg = "timestep" if "timestep" in parameters else None
 
 
 def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:
@@ -42,9 +53,9 @@ def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:
         if family.matches(model):
             return family
     if any_model:
-        return AnyDenoiserFamily()
+        return AnyDenoiserFamily(model)
     supported = ", ".join(name for family in FAMILIES for name in family.class_names)
     raise ParadiffError(
         f"denoiser class {type(model).__name__} is not supported; supported classes: {supported} "
-        "(strategy='parastep' without cfg_parallel runs any denoiser)"
+        "(strategy='parastep' and strategy='cfg' run any denoiser, also together: parastep with cfg_parallel=True)"
     )

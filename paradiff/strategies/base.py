@@ -51,7 +51,7 @@ class Strategy:
     Options: ClassVar[type[StrategyOptions]] = StrategyOptions
     #: Displaced after warm-up, so ``warmup_steps`` trades speed for fidelity; False: exact at every step.
     uses_warmup: ClassVar[bool] = True
-    #: Needs no knowledge of the denoiser's layers, so it runs any denoiser (without a CFG split).
+    #: Needs no knowledge of the denoiser's layers, so it runs any denoiser (the CFG split needs none either).
     model_agnostic: ClassVar[bool] = False
     #: The CFG split alone (``cfg``): sets ``cfg_parallel`` and runs no strategy within the halves.
     cfg_split_alone: ClassVar[bool] = False

@@ -2,8 +2,9 @@
 
 Alone (``strategy="cfg"``) it runs on 2 ranks. As ``cfg_parallel=True`` it is the outer dimension of
 a 2 × D mesh (``paradiff.runtime.mesh``) and another strategy runs each half over D ranks: its hook
-wraps that strategy's hooks, so the strategy sees half the batch. Like the other strategies, it knows
-no model class: the family names the latent, the timestep and the arguments that carry no batch.
+wraps that strategy's hooks, so the strategy sees half the batch. It knows no model class: the family
+names the latent, the timestep and the arguments that carry no batch, and for a denoiser no family
+describes, the latent and the timestep are read from its ``forward`` (``AnyDenoiserFamily``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .installation import Installation
 class CfgStrategy(Strategy):
     name = "cfg"
     uses_warmup = False
+    model_agnostic = True
     cfg_split_alone = True
     world = "world = 2"
 
