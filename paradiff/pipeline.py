@@ -166,7 +166,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         strategy_part = ParallelPart(comm, strategy.install(denoiser, family, comm, scale))
     if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
         exact = _exact_communicator(groups.cfg)
-        cfg_part = ParallelPart(exact, CfgStrategy().install(denoiser, family, exact, scale))
+        cfg_part = ParallelPart(exact, CfgStrategy(groups=groups).install(denoiser, family, exact, scale))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     decoder_family = decoder_family_of(decoder) if config.parallel_vae and decoder is not None else None
     if decoder_family is not None:

@@ -120,7 +120,8 @@ def odd_batch_error(case: str) -> dict:
 def test_calls_without_a_cfg_batch_fail_clearly(pool2, case):
     for result in pool2.run(odd_batch_error, case):
         assert re.search(r"this call has a batch of 1\. Supported: pipelines that batch .*SD, SDXL", result["message"])
-        assert "generate an even number of images, or run without cfg_parallel" in result["message"]
+        assert result["message"].startswith("strategy='cfg' splits each denoiser call's batch")
+        assert "generate an even number of images, or use strategy='patch' or 'parastep' instead" in result["message"]
         if case.startswith("sd"):
             assert result["recovered"] == (1, 64, 64, 3)
 
@@ -169,3 +170,11 @@ def test_split_cuts_batched_arguments_only():
     assert kwargs["img_ids"].shape == kwargs["txt_ids"].shape == (2, 3)
     assert kwargs["joint_attention_kwargs"]["extra"][0].shape == (1, 5)
     assert kwargs["joint_attention_kwargs"]["scale"] == 1.0
+
+
+def test_an_odd_batch_under_cfg_parallel_names_the_composed_split():
+    """Composed with another strategy, the remedy is to drop cfg_parallel (strategy='cfg' alone: another strategy)."""
+    transformer = build_pipeline("flux").transformer
+    hook = CfgSplitHook(family_of(transformer), SimpleNamespace(rank=0, state=StepState(0)))
+    with pytest.raises(ParadiffError, match=r"^cfg_parallel splits .* a batch of 1\..*or run without cfg_parallel$"):
+        hook.pre_forward(transformer, hidden_states=torch.zeros(1, 4, 64), timestep=torch.tensor([1.0]))

@@ -33,13 +33,19 @@ def batch_half(value, batch: int, half: int):
     return value
 
 
-def odd_batch_message(batch: int) -> str:
+def odd_batch_message(batch: int, alone: bool) -> str:
+    """Why a call of ``batch`` samples cannot be split, and what to run instead (``alone``: strategy='cfg')."""
+    split, instead = (
+        ("strategy='cfg'", "use strategy='patch' or 'parastep' instead of 'cfg'")
+        if alone
+        else ("cfg_parallel", "run without cfg_parallel")
+    )
     return (
-        f"cfg_parallel splits each denoiser call's batch into two halves, one per group of ranks, but this call "
+        f"{split} splits each denoiser call's batch into two halves, one per group of ranks, but this call "
         f"has a batch of {batch}. Supported: pipelines that batch classifier-free guidance into one call "
         "([uncond, cond]: SD, SDXL, PixArt, SD3) with guidance_scale > 1, or any even batch. Guidance off, "
         "distilled guidance (Flux) or guidance as two denoiser calls (Flux true CFG) give a batch of the image "
-        "count: generate an even number of images, or run without cfg_parallel (strategy='patch')"
+        f"count: generate an even number of images, or {instead}"
     )
 
 
@@ -49,9 +55,10 @@ class CfgSplitHook(CallContextHook):
     A strategy hooked inside it (patch) sees a call of half the batch, as if the pipeline made it.
     """
 
-    def __init__(self, family: DenoiserFamily, comm: Communicator):
+    def __init__(self, family: DenoiserFamily, comm: Communicator, alone: bool = False):
         super().__init__()
-        self.family, self.comm = family, comm
+        #: ``alone``: the split is the whole strategy (``strategy="cfg"``), not composed with another one.
+        self.family, self.comm, self.alone = family, comm, alone
 
     def pre_forward(self, module, *args, **kwargs):
         family = self.family
@@ -59,7 +66,7 @@ class CfgSplitHook(CallContextHook):
         inputs = bound.arguments
         batch = inputs[family.latent_arg].shape[0]
         if batch % 2:
-            raise ParadiffError(odd_batch_message(batch))
+            raise ParadiffError(odd_batch_message(batch, self.alone))
         self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg] if family.timestep_arg else 0)
         for name, value in list(inputs.items()):
             if name not in family.unbatched_args:

@@ -46,5 +46,6 @@ class CfgStrategy(Strategy):
         Install it after any other strategy on the same denoiser: the hook registered last runs outermost.
         """
         installed = Installation(denoiser, self.name)
-        installed.hook(denoiser, CfgSplitHook(family, comm))
+        alone = self.groups is not None and self.groups.strategy is None
+        installed.hook(denoiser, CfgSplitHook(family, comm, alone))
         return installed.done()
