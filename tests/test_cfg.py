@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from patch_cases import check_exact_and_restored, flux_true_cfg_inputs, generate, parallel_vs_one_device
+from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device
 from video_pipeline import build_tiny_cogvideox
 
 import paradiff
@@ -67,6 +67,28 @@ def test_cfg_times_patch_displaced_stays_close(pool4):
         np.testing.assert_array_equal(result["image"], results[0]["image"])
 
 
+@pytest.mark.parametrize(
+    ("ranks", "options"),
+    [
+        (2, {"strategy": "cfg"}),
+        (4, {"strategy": "patch", "cfg_parallel": True}),
+        (4, {"strategy": "parastep", "cfg_parallel": True}),
+    ],
+    ids=["cfg", "patch-x-cfg", "parastep-x-cfg"],
+)
+def test_two_call_guidance_runs_one_call_per_group_exactly(rank_pool, ranks, options):
+    """Flux true CFG makes a 'cond' and an 'uncond' call per step: each CFG group runs one of them."""
+    steps = 3
+    results = rank_pool(ranks).run(parallel_vs_one_device, "flux", 64, steps, warmup=steps, true_cfg=True, **options)
+    for result in results:
+        assert result["max_error"] <= TOLERANCE, result["max_error"]
+        assert result["restored_error"] == 0.0 and result["class_restored"] and result["hooks_left"] == 0
+        # the first step runs both calls everywhere (it shows that every step makes both); then one gather a step
+        assert result["stats"]["cfg_gathers"] == steps - 1
+    for result in results[1:]:
+        np.testing.assert_array_equal(result["image"], results[0]["image"])
+
+
 def cogvideox_vs_one_device(steps: int, **options) -> dict:
     """A video DiT no family describes (CogVideoX batches CFG in one call), one device vs ``parallelize``."""
     pipe = build_tiny_cogvideox()
@@ -102,9 +124,7 @@ def odd_batch_error(case: str) -> dict:
     family = "flux" if case.startswith("flux") else "sd"
     pipe = paradiff.parallelize(build_pipeline(family), strategy="cfg")
     inputs = prompt_inputs(pipe, family)
-    if case == "flux-true-cfg":
-        inputs = flux_true_cfg_inputs(pipe)
-    elif case == "sd-guidance-off":
+    if case == "sd-guidance-off":
         inputs["guidance_scale"] = 1.0
     message = ""
     try:
@@ -116,10 +136,11 @@ def odd_batch_error(case: str) -> dict:
     return {"message": message, "recovered": recovered}
 
 
-@pytest.mark.parametrize("case", ["sd-guidance-off", "flux-true-cfg", "flux-distilled-guidance"])
+@pytest.mark.parametrize("case", ["sd-guidance-off", "flux-distilled-guidance"])
 def test_calls_without_a_cfg_batch_fail_clearly(pool2, case):
     for result in pool2.run(odd_batch_error, case):
-        assert re.search(r"this call has a batch of 1\. Supported: pipelines that batch .*SD, SDXL", result["message"])
+        message = r"this call has a batch of 1 and no second call to pair with\. Supported: pipelines that batch .*SD"
+        assert re.search(message, result["message"])
         assert result["message"].startswith("strategy='cfg' splits each denoiser call's batch")
         assert "generate an even number of images, or use strategy='patch' or 'parastep' instead" in result["message"]
         if case.startswith("sd"):
@@ -156,13 +177,16 @@ def test_split_cuts_batched_arguments_only():
     transformer = build_pipeline("flux").transformer
     hook = CfgSplitHook(family_of(transformer), SimpleNamespace(rank=1, state=StepState(0)))
     latent = torch.arange(2.0).view(2, 1, 1).expand(2, 4, 64)
-    args, kwargs = hook.pre_forward(
+    args, kwargs = hook.halves(
         transformer,
+        (),
+        dict(
         hidden_states=latent,
         timestep=torch.tensor([1.0, 1.0]),
         img_ids=torch.zeros(2, 3),  # 2 tokens: the same length as the batch
         txt_ids=torch.zeros(2, 3),
-        joint_attention_kwargs={"extra": [torch.ones(2, 5)], "scale": 1.0},
+            joint_attention_kwargs={"extra": [torch.ones(2, 5)], "scale": 1.0},
+        ),
     )
     kwargs = bind_inputs(transformer, args, kwargs).arguments
     assert torch.equal(kwargs["hidden_states"], latent[1:])
@@ -176,5 +200,5 @@ def test_an_odd_batch_under_cfg_parallel_names_the_composed_split():
     """Composed with another strategy, the remedy is to drop cfg_parallel (strategy='cfg' alone: another strategy)."""
     transformer = build_pipeline("flux").transformer
     hook = CfgSplitHook(family_of(transformer), SimpleNamespace(rank=0, state=StepState(0)))
-    with pytest.raises(ParadiffError, match=r"^cfg_parallel splits .* a batch of 1\..*or run without cfg_parallel$"):
-        hook.pre_forward(transformer, hidden_states=torch.zeros(1, 4, 64), timestep=torch.tensor([1.0]))
+    with pytest.raises(ParadiffError, match=r"^cfg_parallel splits .* 1 and no .*or run without cfg_parallel$"):
+        hook.new_forward(transformer, hidden_states=torch.zeros(1, 4, 64), timestep=torch.tensor([1.0]))

@@ -33,6 +33,11 @@ def batch_half(value, batch: int, half: int):
     return value
 
 
+#: The names diffusers' two-call CFG pipelines (Flux true CFG, Wan, QwenImage, Chroma, ...) give the two calls
+#: of a step with ``cache_context``; the CFG group of rank ``g`` runs the calls named ``TWO_CALLS[g]``.
+TWO_CALLS = ("cond", "uncond")
+
+
 def odd_batch_message(batch: int, alone: bool) -> str:
     """Why a call of ``batch`` samples cannot be split, and what to run instead (``alone``: strategy='cfg')."""
     split, instead = (
@@ -41,38 +46,109 @@ def odd_batch_message(batch: int, alone: bool) -> str:
         else ("cfg_parallel", "run without cfg_parallel")
     )
     return (
-        f"{split} splits each denoiser call's batch into two halves, one per group of ranks, but this call "
-        f"has a batch of {batch}. Supported: pipelines that batch classifier-free guidance into one call "
-        "([uncond, cond]: SD, SDXL, PixArt, SD3) with guidance_scale > 1, or any even batch. Guidance off, "
-        "distilled guidance (Flux) or guidance as two denoiser calls (Flux true CFG) give a batch of the image "
-        f"count: generate an even number of images, or {instead}"
+        f"{split} splits each denoiser call's batch into two halves, one per group of ranks, or gives the two "
+        f"calls of two-call guidance one each, but this call has a batch of {batch} and no second call to pair "
+        "with. Supported: pipelines that batch classifier-free guidance into one call ([uncond, cond]: SD, SDXL, "
+        "PixArt, SD3) with guidance_scale > 1, pipelines that make a 'cond' and an 'uncond' call per step (Flux "
+        "true CFG, Wan, QwenImage), or any even batch. Guidance off or distilled guidance (Flux without a "
+        f"negative prompt) give one call of the image count per step: generate an even number of images, or {instead}"
     )
 
 
 class CfgSplitHook(CallContextHook):
-    """On the denoiser, outermost: cuts every call's batch to this rank's half, gathers the outputs.
+    """On the denoiser, outermost: each CFG group runs its part of every call; the outputs are shared.
 
-    A strategy hooked inside it (patch) sees a call of half the batch, as if the pipeline made it.
+    A call with an even batch (batched CFG) is cut into halves, one per group, and the halves' outputs
+    are gathered. Two-call CFG is paired (:class:`CallPair`). A strategy hooked inside this one (patch)
+    sees the calls its group runs, as if the pipeline made them.
     """
 
     def __init__(self, family: DenoiserFamily, comm: Communicator, alone: bool = False):
         super().__init__()
         #: ``alone``: the split is the whole strategy (``strategy="cfg"``), not composed with another one.
         self.family, self.comm, self.alone = family, comm, alone
+        self.pair = CallPair(comm)
 
-    def pre_forward(self, module, *args, **kwargs):
+    def new_forward(self, module, *args, **kwargs):
+        family, comm = self.family, self.comm
+        inputs = bind_inputs(module, args, kwargs).arguments
+        latent, context = inputs[family.latent_arg], self.context.name
+        comm.state.enter_call(context, inputs[family.timestep_arg] if family.timestep_arg else 0)
+        if latent.shape[0] % 2 == 0:
+            args, kwargs = self.halves(module, args, kwargs)
+            output = self.fn_ref.original_forward(*args, **kwargs)
+            return replace_output_sample(output, comm.all_gather_output(output_sample(output), dim=0, kind=CFG))
+        if context not in TWO_CALLS or not self.pair.paired(context):
+            raise ParadiffError(odd_batch_message(latent.shape[0], self.alone))
+        if inputs.get("return_dict", True):
+            raise ParadiffError(
+                "the CFG split pairs two-call guidance only for calls with return_dict=False, as diffusers' "
+                "two-call pipelines make them"
+            )
+        return self.pair.call(context, latent, lambda: self.fn_ref.original_forward(*args, **kwargs))
+
+    def halves(self, module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call's arguments cut to this rank's half of the batch (every argument that carries the batch)."""
         family = self.family
         bound = bind_inputs(module, args, kwargs)
-        inputs = bound.arguments
-        batch = inputs[family.latent_arg].shape[0]
-        if batch % 2:
-            raise ParadiffError(odd_batch_message(batch, self.alone))
-        self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg] if family.timestep_arg else 0)
-        for name, value in list(inputs.items()):
+        batch = bound.arguments[family.latent_arg].shape[0]
+        for name, value in list(bound.arguments.items()):
             if name not in family.unbatched_args:
-                inputs[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half
+                bound.arguments[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half
         return bound.args, bound.kwargs
 
-    def post_forward(self, module, output):
-        return replace_output_sample(output, self.comm.all_gather_output(output_sample(output), dim=0, kind=CFG))
 
+class CallPair:
+    """Two-call CFG: each CFG group runs one of a step's two calls, and both get both outputs.
+
+    The pipeline makes the calls one after the other, so the group that does not run the first call
+    returns a placeholder at once (filled with NaN, shaped like the latent) and is already computing
+    the second call while the other group computes the first. When both have run, the two outputs are
+    exchanged and each group writes the one it did not compute into its placeholder, in place: the
+    pipeline combines them only after the second call. The first step runs both calls on both groups;
+    it shows whether every step makes both calls (a pipeline that makes one call per step is refused
+    at the next step, before a placeholder is handed out).
+    """
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.run = -1
+        #: Contexts of the first step's calls, this ``pipe(...)`` call.
+        self.first_step: set[str] = set()
+        #: The first call of the open pair: its context, this group's output or placeholder, and whether it ran.
+        self.pending: tuple[str, torch.Tensor, bool] | None = None
+
+    def paired(self, context: str) -> bool:
+        """Whether calls in ``context`` can be paired: during the first step always, later if it made both calls."""
+        state = self.comm.state
+        if self.run != state.run:
+            self.run, self.first_step, self.pending = state.run, set(), None
+        if state.step == 0:
+            self.first_step.add(context)
+            return True
+        return self.first_step == set(TWO_CALLS)
+
+    def call(self, context: str, latent: torch.Tensor, forward):
+        if self.comm.state.step == 0:
+            return forward()
+        mine = TWO_CALLS[self.comm.rank] == context
+        output = forward() if mine else (torch.full_like(latent, float("nan")),)
+        sample = output_sample(output)
+        if self.pending is None:
+            self.pending = (context, sample.detach().clone() if mine else sample, mine)
+            return output
+        first_context, first, first_mine = self.pending
+        self.pending = None
+        if first_context == context:
+            raise ParadiffError(
+                f"the pipeline made two '{context}' calls in a row; the CFG split pairs a 'cond' with an 'uncond' call"
+            )
+        computed, placeholder = (first, sample) if first_mine else (sample, first)
+        other = self.comm.all_gather_output(computed.contiguous(), dim=0, kind=CFG).chunk(2)[1 - self.comm.rank]
+        if other.shape != placeholder.shape:
+            raise ParadiffError(
+                f"the CFG split pairs two-call guidance for denoisers whose output is shaped like their latent input "
+                f"{tuple(placeholder.shape)}; this one returns {tuple(other.shape)}"
+            )
+        placeholder.copy_(other)
+        return output

@@ -1,4 +1,8 @@
-"""CFG split (``cfg``): the two halves of every denoiser call's batch run on two groups of ranks; exact.
+"""CFG split (``cfg``): the two halves of CFG run on two groups of ranks; exact.
+
+Batched CFG (one call of ``[uncond, cond]``): each group runs one half of every call's batch. Two-call
+CFG (a ``"cond"`` and an ``"uncond"`` call per step, kept apart by ``cache_context``): each group runs
+one of the two calls, at the same time (``paradiff.layers.batch_split.CallPair``).
 
 Alone (``strategy="cfg"``) it runs on 2 ranks. As ``cfg_parallel=True`` it is the outer dimension of
 a 2 × D mesh (``paradiff.runtime.mesh``) and another strategy runs each half over D ranks: its hook
