@@ -50,7 +50,7 @@ def _check_exact(results) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("family", ["sd", "sdxl", "pixart", "flux"])
+@pytest.mark.parametrize("family", ["sd", "sdxl", "pixart", "sd3", "flux"])
 def test_exact_during_warmup_at_2_ranks(pool2, family):
     steps = 2
     _check_exact(pool2.run(asyncdiff_vs_one_device, family, 64, steps, warmup=steps))

@@ -3,11 +3,13 @@
 ``BatchShareStrategy`` splits every denoiser call's batch into one share per rank and gathers the
 outputs (exact: samples of a batch never interact). It is written only against the strategy contract
 (``Strategy``, ``StrategyOptions``, ``Installation``), the communicator and a family's description; it is
-registered when this module is imported, which the rank workers do to find the task function.
+registered for the duration of each test (on the rank workers by the task itself), so that other test
+modules see only the built-in strategies.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +22,7 @@ from paradiff.errors import ParadiffError
 from paradiff.layers.split import output_sample, replace_output_sample
 from paradiff.models.base import bind_inputs
 from paradiff.runtime.comm import OUTPUT
-from paradiff.strategies import register, strategy_names, supported_combinations
+from paradiff.strategies import register, strategy_names, supported_combinations, unregister
 from paradiff.strategies.base import Strategy, StrategyOptions
 from paradiff.strategies.installation import Installation
 from paradiff.tiny import build_pipeline, prompt_inputs
@@ -57,7 +59,6 @@ class BatchShareHook(ModelHook):
         return replace_output_sample(output, self.comm.all_gather_output(output_sample(output), dim=0, kind=OUTPUT))
 
 
-@register
 class BatchShareStrategy(Strategy):
     name = "test-batch-share"
     Options = BatchShareOptions
@@ -69,9 +70,25 @@ class BatchShareStrategy(Strategy):
         return installed.done()
 
 
+@contextmanager
+def batch_share_registered():
+    register(BatchShareStrategy)
+    try:
+        yield
+    finally:
+        unregister(BatchShareStrategy.name)
+
+
 def _batch_share_vs_one_device(steps: int) -> dict:
     pipe = build_pipeline("sd")
-    return against_one_device(pipe, prompt_inputs(pipe, "sd"), 64, steps, strategy="test-batch-share")
+    with batch_share_registered():
+        return against_one_device(pipe, prompt_inputs(pipe, "sd"), 64, steps, strategy="test-batch-share")
+
+
+@pytest.fixture
+def registered():
+    with batch_share_registered():
+        yield
 
 
 def test_a_strategy_registered_in_a_test_file_runs_exactly_at_2_ranks(pool2):
@@ -85,7 +102,7 @@ def test_a_strategy_registered_in_a_test_file_runs_exactly_at_2_ranks(pool2):
     np.testing.assert_array_equal(results[0]["image"], results[1]["image"])
 
 
-def test_registration_gives_the_name_its_options_and_messages():
+def test_registration_gives_the_name_its_options_and_messages(registered):
     assert "test-batch-share" in strategy_names()
     combinations = supported_combinations()
     assert "or 'test-batch-share' (world = its degree)" in combinations
@@ -106,3 +123,13 @@ def test_a_name_taken_by_a_built_in_strategy_is_refused():
 
     with pytest.raises(ParadiffError, match="strategy name 'patch' is taken by a built-in strategy"):
         register(Impostor)
+
+
+def test_unregistering_forgets_the_strategy_and_keeps_the_built_in_ones():
+    with batch_share_registered():
+        assert "test-batch-share" in strategy_names()
+    assert "test-batch-share" not in strategy_names()
+    with pytest.raises(ParadiffError, match="unknown strategy 'test-batch-share'"):
+        paradiff.ParallelConfig(strategy="test-batch-share")
+    with pytest.raises(ParadiffError, match="strategy 'patch' is built in and cannot be unregistered"):
+        unregister("patch")

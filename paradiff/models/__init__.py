@@ -41,10 +41,11 @@ class AnyDenoiserFamily(DenoiserFamily):
 
     name = "any"
 
-    def __init__(self, model: nn.Module):
-        parameters = list(inspect.signature(type(model).forward).parameters)[1:]
-        self.latent_arg = parameters[0]
-        self.timestep_arg = "timestep" if "timestep" in parameters else None
+    def __init__(self, model: nn.Module | None = None):
+        if model is not None:
+            parameters = list(inspect.signature(type(model).forward).parameters)[1:]
+            self.latent_arg = parameters[0]
+            self.timestep_arg = "timestep" if "timestep" in parameters else None
 
 
 def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:

@@ -22,6 +22,8 @@ _BUILTIN = {
     "ring": "paradiff.strategies.sequence:RingStrategy",
 }
 _REGISTERED: dict[str, type] = {}
+#: The names of the strategies that come with paradiff.
+BUILTIN_NAMES = tuple(_BUILTIN)
 
 
 def register(strategy: type) -> type:
@@ -36,6 +38,13 @@ def register(strategy: type) -> type:
         raise ParadiffError(f"strategy name {name!r} is taken by a built-in strategy; choose another name")
     _REGISTERED[name] = strategy
     return strategy
+
+
+def unregister(name: str) -> None:
+    """Forget a strategy :func:`register` made available (the built-in ones stay)."""
+    if name in _BUILTIN:
+        raise ParadiffError(f"strategy {name!r} is built in and cannot be unregistered")
+    _REGISTERED.pop(name, None)
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -58,10 +67,11 @@ def supported_combinations() -> str:
     by_world: dict[str, list[str]] = {}
     for name in strategy_names():
         by_world.setdefault(strategy_class(name).world, []).append(f"'{name}'")
-    alone = [f"{_listed(names)} ({world})" for world, names in by_world.items()]
+    alone = [f"{listed(names)} ({world})" for world, names in by_world.items()]
     paired = [f"'{name}'" for name in strategy_names() if not strategy_class(name).cfg_split_alone]
-    return f"strategy={', '.join(alone)}; {_listed(paired)} with cfg_parallel=True (world = 2 × theirs)"
+    return f"strategy={', '.join(alone)}; {listed(paired)} with cfg_parallel=True (world = 2 × theirs)"
 
 
-def _listed(names: list[str]) -> str:
+def listed(names: list[str]) -> str:
+    """``a, b or c``."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

@@ -21,11 +21,12 @@ from torch import nn
 
 from ..errors import ParadiffError
 from ..layers.components import ComponentCall, ComponentCallHook, UnitHook
-from ..models import FAMILIES, DenoiserFamily
+from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from .base import Strategy, StrategyOptions
 from .installation import Installation
 from .stage_cut import balanced_cut, mean_over_ranks
+from .support import strategies_for, supported_classes
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class AsyncDiffStrategy(Strategy):
     world = "world = its components, + 1 with asyncdiff_stride=2"
 
     @classmethod
+    def supports(cls, family: DenoiserFamily) -> bool:
+        return family.block_stack is not None or type(family).component_units is not DenoiserFamily.component_units
+
+    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model, world or cut that cannot form the components."""
         name, stride = type(denoiser).__name__, config.options.asyncdiff_stride
@@ -85,7 +90,7 @@ class AsyncDiffStrategy(Strategy):
         if units is None:
             raise ParadiffError(
                 f"strategy='asyncdiff' does not support {name}: it cuts a denoiser's chain of blocks into components; "
-                f"supported: {', '.join(_supported_classes())}"
+                f"supported: {supported_classes(cls)} ({strategies_for(family)} run {name})"
             )
         components, count = components_for(degree, stride), len(units.units)
         per_half = " per CFG half" if config.cfg_parallel else ""
@@ -129,8 +134,3 @@ class AsyncDiffStrategy(Strategy):
             installed.hook(unit, UnitHook(call, index))
         return installed.done()
 
-
-def _supported_classes() -> list[str]:
-    base = DenoiserFamily.component_units
-    families = [f for f in FAMILIES if f.block_stack is not None or type(f).component_units is not base]
-    return [name for family in families for name in family.class_names]

@@ -81,6 +81,12 @@ class Strategy:
         return (2 if config.cfg_parallel else 1), degree
 
     @classmethod
+    def supports(cls, family: DenoiserFamily) -> bool:
+        """Whether the strategy runs denoisers of ``family`` (any described family by default; every denoiser if
+        ``model_agnostic``, including ``AnyDenoiserFamily``, the family of a class nobody described)."""
+        return cls.model_agnostic or family.name != "any"
+
+    @classmethod
     def check_world(cls, degree: int, config: ParallelConfig) -> None:
         """Refuse options that cannot work on ``degree`` ranks per CFG half (nothing to refuse by default)."""
 

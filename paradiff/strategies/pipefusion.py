@@ -40,11 +40,12 @@ from ..layers.stages import (
     plan_patches,
     stage_blocks,
 )
-from ..models import FAMILIES, DenoiserFamily, family_of
+from ..models import DenoiserFamily, family_of
 from ..runtime.comm import Communicator
 from .base import Strategy, StrategyOptions
 from .installation import Installation
 from .stage_cut import balanced_cut, measured_costs
+from .support import strategies_for, supported_classes
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,17 @@ class PipeFusionStrategy(Strategy):
             )
 
     @classmethod
+    def supports(cls, family: DenoiserFamily) -> bool:
+        return family.block_stack is not None
+
+    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model whose blocks cannot form ``degree`` stages."""
         name = type(denoiser).__name__
-        if family.block_stack is None:
-            supported = ", ".join(n for f in FAMILIES if f.block_stack is not None for n in f.class_names)
+        if not cls.supports(family):
             raise ParadiffError(
                 f"strategy='pipefusion' does not support {name}: it cuts a transformer's sequence of blocks into "
-                f"stages; supported: {supported} (use strategy='patch', 'parastep', 'asyncdiff' or 'cfg' for the "
-                "others)"
+                f"stages; supported: {supported_classes(cls)} ({strategies_for(family)} run {name})"
             )
         count = len(stage_blocks(denoiser, family.block_stack))
         if count < degree:

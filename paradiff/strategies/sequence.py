@@ -56,12 +56,13 @@ from ..compat import (
 )
 from ..errors import ParadiffError
 from ..layers.sequence import AttentionTrafficHook, SequenceCheckHook
-from ..models import FAMILIES, DenoiserFamily
+from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.distributed import local_device
 from ..runtime.mesh import context_parallel_mesh
 from .base import Strategy
 from .installation import Installation
+from .support import strategies_for, supported_classes
 
 
 class SequenceStrategy(Strategy):
@@ -72,14 +73,17 @@ class SequenceStrategy(Strategy):
     uses_warmup = False
 
     @classmethod
+    def supports(cls, family: DenoiserFamily) -> bool:
+        return family.context_parallel
+
+    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model this strategy cannot run over ``degree`` ranks."""
         name = type(denoiser).__name__
-        if not family.context_parallel:
-            supported = ", ".join(n for f in FAMILIES if f.context_parallel for n in f.class_names)
+        if not cls.supports(family):
             raise ParadiffError(
-                f"strategy='{cls.name}' does not support {name}; supported: {supported} "
-                "(use strategy='patch' or 'cfg' for the others)"
+                f"strategy='{cls.name}' does not support {name}; supported: {supported_classes(cls)} "
+                f"({strategies_for(family)} run {name})"
             )
         if parallel_config_of(denoiser) is not None:
             raise ParadiffError(f"this {name} already runs diffusers' own parallelism (enable_parallelism)")
