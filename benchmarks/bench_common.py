@@ -16,8 +16,8 @@ from paradiff.tiny import build_pipeline, prompt_inputs
 _PIPES: dict = {}
 
 
-def generate(pipe, family: str, size: int, steps: int):
-    """``(images, seconds)`` of one call with the family's prompt inputs and seed 0."""
+def generate(pipe, family: str, size: int, steps: int, **extra):
+    """``(images, seconds)`` of one call with the family's prompt inputs, seed 0 and ``extra`` arguments."""
     start = time.perf_counter()
     images = pipe(
         **prompt_inputs(pipe, family),
@@ -26,6 +26,7 @@ def generate(pipe, family: str, size: int, steps: int):
         num_inference_steps=steps,
         generator=torch.Generator().manual_seed(0),
         output_type="np",
+        **extra,
     ).images
     return images, time.perf_counter() - start
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import cached_pipeline
+from bench_common import cached_pipeline, generate
 from rank_workers import RankPool
 
 from paradiff.tiny import prompt_inputs
@@ -29,19 +28,15 @@ QUICK = {"size": 64, "steps": 3}
 def true_cfg_call(pipe, size: int, steps: int):
     """``(images, seconds)`` of one true-CFG call (negative prompt, ``true_cfg_scale=2``) with seed 0."""
     negative = prompt_inputs(pipe, "flux", seed=1)
-    start = time.perf_counter()
-    images = pipe(
-        **prompt_inputs(pipe, "flux"),
+    return generate(
+        pipe,
+        "flux",
+        size,
+        steps,
         negative_prompt_embeds=negative["prompt_embeds"],
         negative_pooled_prompt_embeds=negative["pooled_prompt_embeds"],
         true_cfg_scale=2.0,
-        height=size,
-        width=size,
-        num_inference_steps=steps,
-        generator=torch.Generator().manual_seed(0),
-        output_type="np",
-    ).images
-    return images, time.perf_counter() - start
+    )
 
 
 def one_device(size: int, steps: int) -> dict:
