@@ -177,16 +177,18 @@ def test_split_cuts_batched_arguments_only():
     transformer = build_pipeline("flux").transformer
     hook = CfgSplitHook(family_of(transformer), SimpleNamespace(rank=1, state=StepState(0)))
     latent = torch.arange(2.0).view(2, 1, 1).expand(2, 4, 64)
-    args, kwargs = hook.halves(
-        transformer,
-        (),
-        dict(
+    args, kwargs = hook.halve(
+        bind_inputs(
+            transformer,
+            (),
+            dict(
         hidden_states=latent,
         timestep=torch.tensor([1.0, 1.0]),
         img_ids=torch.zeros(2, 3),  # 2 tokens: the same length as the batch
         txt_ids=torch.zeros(2, 3),
             joint_attention_kwargs={"extra": [torch.ones(2, 5)], "scale": 1.0},
-        ),
+            ),
+        )
     )
     kwargs = bind_inputs(transformer, args, kwargs).arguments
     assert torch.equal(kwargs["hidden_states"], latent[1:])

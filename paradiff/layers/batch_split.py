@@ -9,6 +9,8 @@ rank continues identically.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..compat import CallContextHook
@@ -71,12 +73,13 @@ class CfgSplitHook(CallContextHook):
 
     def new_forward(self, module, *args, **kwargs):
         family, comm = self.family, self.comm
-        inputs = bind_inputs(module, args, kwargs).arguments
+        bound = bind_inputs(module, args, kwargs)
+        inputs = bound.arguments
         latent, context = inputs[family.latent_arg], self.context.name
         comm.state.enter_call(context, inputs[family.timestep_arg] if family.timestep_arg else 0)
         if latent.shape[0] % 2 == 0:
-            args, kwargs = self.halves(module, args, kwargs)
-            output = self.fn_ref.original_forward(*args, **kwargs)
+            half_args, half_kwargs = self.halve(bound)
+            output = self.fn_ref.original_forward(*half_args, **half_kwargs)
             return replace_output_sample(output, comm.all_gather_output(output_sample(output), dim=0, kind=CFG))
         if context not in TWO_CALLS or not self.pair.paired(context):
             raise ParadiffError(odd_batch_message(latent.shape[0], self.alone))
@@ -87,14 +90,13 @@ class CfgSplitHook(CallContextHook):
             )
         return self.pair.call(context, latent, lambda: self.fn_ref.original_forward(*args, **kwargs))
 
-    def halves(self, module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def halve(self, bound: inspect.BoundArguments) -> tuple[tuple, dict]:
         """The call's arguments cut to this rank's half of the batch (every argument that carries the batch)."""
-        family = self.family
-        bound = bind_inputs(module, args, kwargs)
-        batch = bound.arguments[family.latent_arg].shape[0]
-        for name, value in list(bound.arguments.items()):
+        family, inputs = self.family, bound.arguments
+        batch = inputs[family.latent_arg].shape[0]
+        for name, value in list(inputs.items()):
             if name not in family.unbatched_args:
-                bound.arguments[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half
+                inputs[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half
         return bound.args, bound.kwargs
 
 

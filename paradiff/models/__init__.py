@@ -40,6 +40,7 @@ class AnyDenoiserFamily(DenoiserFamily):
     """
 
     name = "any"
+    described = False
 
     def __init__(self, model: nn.Module | None = None):
         if model is not None:

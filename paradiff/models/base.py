@@ -69,6 +69,8 @@ class DenoiserFamily:
 
     #: Short name used in messages and reports.
     name: str = ""
+    #: False only for the stand-in family of a denoiser class no family module describes.
+    described: bool = True
     #: Names of the denoiser classes this family covers (matched against the class and its bases).
     class_names: tuple[str, ...] = ()
     #: Name of the forward argument that holds the timestep.

@@ -84,7 +84,7 @@ class Strategy:
     def supports(cls, family: DenoiserFamily) -> bool:
         """Whether the strategy runs denoisers of ``family`` (any described family by default; every denoiser if
         ``model_agnostic``, including ``AnyDenoiserFamily``, the family of a class nobody described)."""
-        return cls.model_agnostic or family.name != "any"
+        return cls.model_agnostic or family.described
 
     @classmethod
     def check_world(cls, degree: int, config: ParallelConfig) -> None:

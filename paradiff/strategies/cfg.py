@@ -43,7 +43,7 @@ class CfgStrategy(Strategy):
         return 2, 1
 
     def install(
-        self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int = 8
+        self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
     ) -> Installation:
         """Hook ``denoiser`` to run batch half ``comm.rank`` (of a 2-rank group) and gather both halves.
 
