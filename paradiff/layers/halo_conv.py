@@ -12,8 +12,13 @@ from ..runtime.comm import Communicator, NeighbourExchange
 
 
 def needs_halo(conv: nn.Conv2d) -> bool:
-    """Whether a convolution reads rows outside its own output rows (kernel taller than one row)."""
-    return conv.kernel_size[0] > 1
+    """Whether a convolution reads rows outside its own output rows (kernel taller than one row).
+
+    A patchifying convolution (stride = kernel height, no vertical padding) reads only the rows of its
+    own outputs, provided bands start at a multiple of its stride (the family's row alignment).
+    """
+    patchify = conv.stride[0] == conv.kernel_size[0] and not isinstance(conv.padding, str) and conv.padding[0] == 0
+    return conv.kernel_size[0] > 1 and not (patchify and conv.dilation[0] == 1)
 
 
 def check_halo_conv(name: str, conv: nn.Conv2d) -> None:

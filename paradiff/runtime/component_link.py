@@ -40,7 +40,7 @@ class ComponentLink:
         self.drain_receives()
         self.inbox, posted = self.posted, {}
         for unit in sorted(sources):
-            buffers = self.spare.pop(unit, None) or [torch.empty_like(t) for t in templates[unit]]
+            buffers = self.spare.pop(unit, None) or [_contiguous_like(t) for t in templates[unit]]
             works = [
                 self.comm.receive(buffer, sources[unit], self._tag(unit, leaf), background=True)
                 for leaf, buffer in enumerate(buffers)
@@ -109,9 +109,18 @@ class ComponentLink:
         self.inbox = {}
 
     def _broadcast(self, sample: torch.Tensor, source: int):
-        buffer = sample.contiguous() if self.comm.rank == source else torch.empty_like(sample)
+        buffer = sample.contiguous() if self.comm.rank == source else _contiguous_like(sample)
         work, sent = self.comm.broadcast(buffer, source)
         return work, buffer, sent
 
     def _tag(self, unit: int, leaf: int) -> int:
         return self.tags[unit * TENSORS_PER_UNIT + leaf]
+
+
+def _contiguous_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty buffer shaped as ``tensor`` to receive into: senders send their tensors' values in contiguous order.
+
+    ``torch.empty_like`` would keep the strides of a permuted output (a video U-Net's or Sana's prediction is
+    a permuted view), and the received contiguous bytes would land in the wrong places.
+    """
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
