@@ -41,6 +41,7 @@ from .strategies.base import Strategy
 from .strategies.cfg import CfgStrategy
 from .strategies.installation import Installation
 from .strategies.patch import PatchStrategy
+from .strategies.support import strategies_for
 
 DENOISER_ATTRIBUTES = ("transformer", "unet")
 
@@ -152,6 +153,8 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if world_size == 1:
         return pipe
     cfg, degree = config.degrees(world_size)  # before any collective: a bad world fails on every rank
+    if cfg > 1:
+        CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
     if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
         strategy_cls.check_model(denoiser, family, degree, config)
     groups = build_mesh(cfg, degree, timedelta(seconds=config.timeout_s))

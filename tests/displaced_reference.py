@@ -118,8 +118,8 @@ def patch_reference(pipe, call: dict, ranks: int, warmup_steps: int):
         _part(mixed, dim, band, ranks).copy_(own)
         return mixed
 
-    def on_input(layer, args):
-        return (displaced(layer, args[0], 2), *args[1:])
+    def on_input(layer, args):  # rows: the second-to-last dim (also of a video U-Net's 5-D GroupNorm input)
+        return (displaced(layer, args[0], args[0].ndim - 2), *args[1:])
 
     def on_output(layer, args, output):
         return displaced(layer, output, 1)

@@ -202,8 +202,11 @@ def test_an_odd_batch_under_cfg_parallel_names_the_composed_split():
     """Composed with another strategy, the remedy is to drop cfg_parallel (strategy='cfg' alone: another strategy)."""
     transformer = build_pipeline("flux").transformer
     hook = CfgSplitHook(family_of(transformer), SimpleNamespace(rank=0, state=StepState(0)))
+    hook.fn_ref = SimpleNamespace(original_forward=lambda *args, **kwargs: (torch.zeros(1, 4, 64),))
+    call = {"hidden_states": torch.zeros(1, 4, 64), "return_dict": False}
+    hook.new_forward(transformer, timestep=torch.tensor([1.0]), **call)  # the first step runs whole: one call
     with pytest.raises(ParadiffError, match=r"^cfg_parallel splits .* 1 and no .*or run without cfg_parallel$"):
-        hook.new_forward(transformer, hidden_states=torch.zeros(1, 4, 64), timestep=torch.tensor([1.0]))
+        hook.new_forward(transformer, timestep=torch.tensor([0.5]), **call)
 
 
 def test_two_call_guidance_under_displaced_patch_stays_close(pool4):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from diffusers import StableDiffusionImg2ImgPipeline
+from diffusers import DiTTransformer2DModel, StableDiffusionImg2ImgPipeline
 from patch_cases import _hooks_left, flux_true_cfg_inputs, generate
 from video_pipeline import build_tiny_cogvideox
 
@@ -265,7 +265,8 @@ def test_options_of_other_strategies_are_refused(options, message):
 def test_a_strategy_that_needs_a_family_refuses_an_unknown_denoiser_naming_those_that_run_it(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")  # no process group exists: it must fail before creating one
     pipe = build_tiny_cogvideox()
-    message = r"CogVideoXTransformer3DModel is not supported.*'parastep' and strategy='cfg' run any denoiser"
+    pipe.transformer = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1)
+    message = r"DiTTransformer2DModel is not supported.*'parastep' and strategy='cfg' run any denoiser"
     with pytest.raises(ParadiffError, match=message):
         paradiff.parallelize(pipe, strategy="patch", cfg_parallel=True)
     assert not hasattr(pipe, "_paradiff")

@@ -186,8 +186,9 @@ def test_rows_that_do_not_divide_into_patches_fail_clearly(pool2):
             2,
             {},
             r"strategy='pipefusion' does not support UNet2DConditionModel: it cuts a transformer's sequence of blocks "
-            r"into stages; supported: PixArtTransformer2DModel, SD3Transformer2DModel, FluxTransformer2DModel "
-            r"\(strategy='patch', 'parastep', 'asyncdiff' or 'cfg' run UNet2DConditionModel\)",
+            r"into stages; supported: PixArtTransformer2DModel, SD3Transformer2DModel, FluxTransformer2DModel, .*"
+            r"WanTransformer3DModel, .* \(strategy='patch', 'parastep', 'asyncdiff' or 'cfg' run "
+            r"UNet2DConditionModel\)",
         ),
         (
             "pixart",

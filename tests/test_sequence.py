@@ -139,7 +139,8 @@ def test_sizes_that_do_not_split_fail_clearly(pool2, family, size, text_tokens, 
             2,
             {"strategy": "ulysses"},
             r"strategy='ulysses' does not support UNet2DConditionModel; supported: PixArtTransformer2DModel, "
-            r"SD3Transformer2DModel, FluxTransformer2DModel \(strategy='patch', 'parastep', 'asyncdiff' or 'cfg' run "
+            r"SD3Transformer2DModel, FluxTransformer2DModel, QwenImageTransformer2DModel, WanTransformer3DModel, any "
+            r"other transformer with diffusers' `_cp_plan` \(strategy='patch', 'parastep', 'asyncdiff' or 'cfg' run "
             r"UNet2DConditionModel\)",
         ),
         pytest.param(

@@ -17,6 +17,7 @@ from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, bind_inputs
 from ..runtime.comm import CFG, Communicator
+from ..runtime.step_state import timestep_key
 from .split import output_sample, replace_output_sample
 
 
@@ -35,11 +36,6 @@ def batch_half(value, batch: int, half: int):
     return value
 
 
-#: The names diffusers' two-call CFG pipelines (Flux true CFG, Wan, QwenImage, Chroma, ...) give the two calls
-#: of a step with ``cache_context``; the CFG group of rank ``g`` runs the calls named ``TWO_CALLS[g]``.
-TWO_CALLS = ("cond", "uncond")
-
-
 def odd_batch_message(batch: int, alone: bool) -> str:
     """Why a call of ``batch`` samples cannot be split, and what to run instead (``alone``: strategy='cfg')."""
     split, instead = (
@@ -51,9 +47,10 @@ def odd_batch_message(batch: int, alone: bool) -> str:
         f"{split} splits each denoiser call's batch into two halves, one per group of ranks, or gives the two "
         f"calls of two-call guidance one each, but this call has a batch of {batch} and no second call to pair "
         "with. Supported: pipelines that batch classifier-free guidance into one call ([uncond, cond]: SD, SDXL, "
-        "PixArt, SD3) with guidance_scale > 1, pipelines that make a 'cond' and an 'uncond' call per step (Flux "
-        "true CFG, Wan, QwenImage), or any even batch. Guidance off or distilled guidance (Flux without a "
-        f"negative prompt) give one call of the image count per step: generate an even number of images, or {instead}"
+        "PixArt, SD3) with guidance_scale > 1, pipelines that make two calls per step, conditional and "
+        "unconditional (Flux true CFG, Wan, QwenImage, Chroma), or any even batch. Guidance off or distilled "
+        "guidance (Flux without a negative prompt) give one call of the image count per step: generate an even "
+        f"number of images, or {instead}"
     )
 
 
@@ -81,21 +78,24 @@ class CfgSplitHook(CallContextHook):
             half_args, half_kwargs = self.halve(bound)
             output = self.fn_ref.original_forward(*half_args, **half_kwargs)
             return replace_output_sample(output, comm.all_gather_output(output_sample(output), dim=0, kind=CFG))
-        if context not in TWO_CALLS or not self.pair.paired(context):
+        timestep = inputs[family.timestep_arg] if family.timestep_arg else 0
+        if not self.pair.paired(timestep):
             raise ParadiffError(odd_batch_message(latent.shape[0], self.alone))
         if inputs.get("return_dict", True):
             raise ParadiffError(
                 "the CFG split pairs two-call guidance only for calls with return_dict=False, as diffusers' "
                 "two-call pipelines make them"
             )
-        return self.pair.call(context, latent, lambda: self.fn_ref.original_forward(*args, **kwargs))
+        return self.pair.call(latent, lambda: self.fn_ref.original_forward(*args, **kwargs))
 
     def halve(self, bound: inspect.BoundArguments) -> tuple[tuple, dict]:
         """The call's arguments cut to this rank's half of the batch (every argument that carries the batch)."""
         family, inputs = self.family, bound.arguments
         batch = inputs[family.latent_arg].shape[0]
         for name, value in list(inputs.items()):
-            if name not in family.unbatched_args:
+            if name in family.frame_batched_args and isinstance(value, torch.Tensor):
+                inputs[name] = value.chunk(2)[self.comm.rank]
+            elif name not in family.unbatched_args:
                 inputs[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half
         return bound.args, bound.kwargs
 
@@ -103,48 +103,55 @@ class CfgSplitHook(CallContextHook):
 class CallPair:
     """Two-call CFG: each CFG group runs one of a step's two calls, and both get both outputs.
 
-    The pipeline makes the calls one after the other, so the group that does not run the first call
-    returns a placeholder at once (filled with NaN, shaped like the latent) and is already computing
-    the second call while the other group computes the first. When both have run, the two outputs are
-    exchanged and each group writes the one it did not compute into its placeholder, in place: the
-    pipeline combines them only after the second call. The first step runs both calls on both groups;
-    it shows whether every step makes both calls (a pipeline that makes one call per step is refused
-    at the next step, before a placeholder is handed out).
+    The two calls of a step are told apart by their order at one timestep (whatever ``cache_context``
+    names them, if any): the group of rank ``g`` runs call ``g`` of each step. The pipeline makes the
+    calls one after the other, so the group that does not run the first call returns a placeholder at
+    once (filled with NaN, shaped like the latent) and is already computing the second call while the
+    other group computes the first. When both have run, the two outputs are exchanged and each group
+    writes the one it did not compute into its placeholder, in place: the pipeline combines them only
+    after the second call. The first step runs both calls on both groups; it shows whether every step
+    makes two calls (a pipeline that makes one call per step is refused at the next step, before a
+    placeholder is handed out).
     """
 
     def __init__(self, comm: Communicator):
         self.comm = comm
         self.run = -1
-        #: Contexts of the first step's calls, this ``pipe(...)`` call.
-        self.first_step: set[str] = set()
-        #: The first call of the open pair: its context, this group's output or placeholder, and whether it ran.
-        self.pending: tuple[str, torch.Tensor, bool] | None = None
+        #: Calls the first step made, this ``pipe(...)`` call; the last call's timestep and place in its step.
+        self.first_step_calls, self.timestep, self.index = 0, None, 0
+        #: The first call of the open pair: this group's output or placeholder, and whether this group ran it.
+        self.pending: tuple[torch.Tensor, bool] | None = None
 
-    def paired(self, context: str) -> bool:
-        """Whether calls in ``context`` can be paired: during the first step always, later if it made both calls."""
+    def paired(self, timestep) -> bool:
+        """Place this call in its step; whether it can be paired: during the first step always, later if that
+        step made two calls."""
         state = self.comm.state
         if self.run != state.run:
-            self.run, self.first_step, self.pending = state.run, set(), None
+            self.run, self.first_step_calls, self.timestep, self.pending = state.run, 0, None, None
+        key = timestep_key(timestep)
+        self.index = self.index + 1 if key == self.timestep else 0
+        self.timestep = key
         if state.step == 0:
-            self.first_step.add(context)
+            self.first_step_calls = max(self.first_step_calls, self.index + 1)
             return True
-        return self.first_step == set(TWO_CALLS)
+        return self.first_step_calls == 2
 
-    def call(self, context: str, latent: torch.Tensor, forward):
+    def call(self, latent: torch.Tensor, forward):
         if self.comm.state.step == 0:
             return forward()
-        mine = TWO_CALLS[self.comm.rank] == context
+        if self.index > 1 or (self.index == 1) != (self.pending is not None):
+            raise ParadiffError(
+                "the pipeline's calls do not come in pairs at one timestep; the CFG split pairs a step's "
+                "conditional and unconditional calls"
+            )
+        mine = self.index == self.comm.rank
         output = forward() if mine else (torch.full_like(latent, float("nan")),)
         sample = output_sample(output)
         if self.pending is None:
-            self.pending = (context, sample.detach().clone() if mine else sample, mine)
+            self.pending = (sample.detach().clone() if mine else sample, mine)
             return output
-        first_context, first, first_mine = self.pending
+        first, first_mine = self.pending
         self.pending = None
-        if first_context == context:
-            raise ParadiffError(
-                f"the pipeline made two '{context}' calls in a row; the CFG split pairs a 'cond' with an 'uncond' call"
-            )
         computed, placeholder = (first, sample) if first_mine else (sample, first)
         other = self.comm.all_gather_output(computed.contiguous(), dim=0, kind=CFG).chunk(2)[1 - self.comm.rank]
         if other.shape != placeholder.shape:

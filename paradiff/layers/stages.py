@@ -31,6 +31,7 @@ from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs
 from ..runtime.comm import Communicator
 from ..runtime.stage_link import StageLink
 from ..runtime.step_state import RowPartition
+from .sdpa_kv import JointText
 from .split import output_sample, replace_output_sample
 
 
@@ -88,6 +89,17 @@ class PatchKV:
             return local
         slot.tensor.narrow(token_dim, part.row_start * part.cols, part.band_tokens).copy_(local)
         return slot.tensor
+
+
+class PatchText(JointText):
+    """The prompt tokens that join a patch's image tokens in self-attention: the patch's tokens are the image part."""
+
+    def __init__(self, comm: Communicator, first: bool | None):
+        super().__init__(first)
+        self.comm = comm
+
+    def image_count(self) -> int:
+        return self.comm.state.partition.band_tokens
 
 
 @dataclass
@@ -208,11 +220,13 @@ class Stage:
         inputs = bound.arguments
         image, text = inputs[stack.image_arg], inputs.get(stack.text_arg) if stack.text_arg else None
         batch, tokens, width = image.shape
-        per_patch, text_tokens = tokens // patches, 0 if text is None else text.shape[1]
+        per_patch = tokens // patches
+        # a patch travels as one message: its image tokens, then the text tokens (their width may differ: Mochi)
+        sizes = [per_patch * width] + ([] if text is None else [text[0].numel()])
         if not link.first:
-            link.expect(patches, (batch, per_patch + text_tokens, width), image)
+            link.expect(patches, (batch, sum(sizes)), image)
         output = torch.empty_like(image) if link.last else None
-        per_token = inputs.get(stack.per_token_arg) if stack.per_token_arg else None
+        per_token = {name: inputs.get(name) for name in stack.per_token if inputs.get(name) is not None}
         forwards = self.forwards()
         for m in range(patches):
             state.partition = RowPartition(grid.rows, grid.cols, patches, m)
@@ -220,10 +234,11 @@ class Stage:
             if link.first:
                 x, t = image[:, span], text
             else:
-                message = link.receive(m)
-                x, t = message[:, :per_patch], (message[:, per_patch:] if text is not None else None)
-            if per_token is not None and patches > 1:
-                inputs[stack.per_token_arg] = _cut_per_token(per_token, text_tokens, span)
+                pieces = link.receive(m).split(sizes, dim=1)
+                x = pieces[0].reshape(batch, per_patch, width)
+                t = pieces[1].reshape(text.shape) if text is not None else None
+            for name, table in per_token.items() if patches > 1 else ():
+                inputs[name] = _cut_per_token(table, stack.per_token[name], tokens, span)
             for block, forward in forwards:
                 inputs[stack.image_arg] = x
                 if text is not None:
@@ -233,19 +248,28 @@ class Stage:
             if link.last:
                 output[:, span] = x
             else:
-                link.send(m, x if text is None else torch.cat([x, t], dim=1))
+                link.send(m, torch.cat([x.flatten(1)] + ([] if t is None else [t.flatten(1)]), dim=1))
         link.finish()
         if not link.last:
             return block_output(stack, entry, image, text)
         return block_output(stack, entry, output, t)
 
 
-def _cut_per_token(value, text_tokens: int, span: slice):
-    """The text entries and the entries of the image tokens ``span`` of a per-token table (or tuple of them)."""
+def _cut_per_token(value, spec, image_tokens: int, span: slice):
+    """A per-token table (or tuple of them) cut to the patch ``span`` of the ``image_tokens``.
+
+    ``spec`` says where its tokens lie (``BlockStack.per_token``); entries before the image tokens' (the
+    text tokens' in a joint table) are kept.
+    """
+    if spec is None:
+        return value
     if isinstance(value, (tuple, list)):
-        return type(value)(_cut_per_token(v, text_tokens, span) for v in value)
-    start, stop = text_tokens + span.start, text_tokens + span.stop
-    return torch.cat([value[:text_tokens], value[start:stop]])
+        specs = spec if isinstance(spec, (tuple, list)) else [spec] * len(value)
+        return type(value)(_cut_per_token(v, s, image_tokens, span) for v, s in zip(value, specs, strict=True))
+    dim = spec.split_dim
+    text = value.shape[dim] - image_tokens
+    patch = value.narrow(dim, text + span.start, span.stop - span.start)
+    return torch.cat([value.narrow(dim, 0, text), patch], dim=dim) if text else patch
 
 
 def stage_blocks(model: nn.Module, stack: BlockStack) -> list[tuple[str, nn.Module]]:

@@ -7,13 +7,53 @@ import inspect
 from torch import nn
 
 from ..errors import ParadiffError
+from .allegro import AllegroFamily
+from .auraflow import AuraFlowFamily
 from .base import DenoiserFamily, Grid
+from .chroma import ChromaFamily
+from .cogvideox import CogVideoXFamily
+from .cogview4 import CogView4Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily
+from .hunyuan_video import HunyuanVideoFamily
+from .hunyuandit import HunyuanDiTFamily
+from .latte import LatteFamily
+from .ltx import LTXFamily
+from .lumina2 import Lumina2Family
+from .mochi import MochiFamily
+from .planned import PlannedDiTFamily
+from .qwenimage import QwenImageFamily
+from .sana import SanaFamily
 from .unet import UNetFamily
 from .vae import VAEDecoderFamily
+from .video_unet import AnimateDiffFamily, StableVideoDiffusionFamily
+from .wan import WanFamily
 
-FAMILIES: tuple[DenoiserFamily, ...] = (UNetFamily(), PixArtFamily(), SD3Family(), FluxFamily())
+FAMILIES: tuple[DenoiserFamily, ...] = (
+    # U-Nets: image, then video
+    UNetFamily(),
+    AnimateDiffFamily(),
+    StableVideoDiffusionFamily(),
+    # image DiTs
+    PixArtFamily(),
+    SD3Family(),
+    FluxFamily(),
+    ChromaFamily(),
+    SanaFamily(),
+    HunyuanDiTFamily(),
+    AuraFlowFamily(),
+    CogView4Family(),
+    Lumina2Family(),
+    QwenImageFamily(),
+    # video DiTs
+    WanFamily(),
+    CogVideoXFamily(),
+    HunyuanVideoFamily(),
+    LTXFamily(),
+    MochiFamily(),
+    AllegroFamily(),
+    LatteFamily(),
+)
 DECODER_FAMILIES: tuple[DenoiserFamily, ...] = (VAEDecoderFamily(),)
 
 __all__ = [
@@ -22,6 +62,7 @@ __all__ = [
     "AnyDenoiserFamily",
     "DenoiserFamily",
     "Grid",
+    "PlannedDiTFamily",
     "decoder_family_of",
     "family_of",
 ]
@@ -54,6 +95,8 @@ def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:
     for family in FAMILIES:
         if family.matches(model):
             return family
+    if PlannedDiTFamily.describes(model):
+        return PlannedDiTFamily(model)
     if any_model:
         return AnyDenoiserFamily(model)
     supported = ", ".join(name for family in FAMILIES for name in family.class_names)

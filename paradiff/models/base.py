@@ -8,7 +8,7 @@ only this interface, never a class name.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -34,9 +34,12 @@ class BlockStack:
     #: (:func:`paradiff.compat.block_returns_image_first`). None: the block returns the image tokens,
     #: and any text it attends to is a fixed input (cross-attention).
     text_arg: str | None = None
-    #: Block argument holding a per-token table (or a tuple of them) along dim 0, text tokens first
-    #: (rotary position embeddings); cut to the text plus the patch's tokens.
-    per_token_arg: str | None = None
+    #: Block arguments holding a table with one entry per token (rotary position embeddings), each with
+    #: where its tokens lie: a ``ContextParallelInput`` (its ``split_dim``; every tensor of a tuple
+    #: alike), or a tuple of them and None (entries kept whole) mirroring a tuple argument. A table
+    #: longer than the image tokens holds the text tokens' entries first; it is cut to those plus the
+    #: patch's, an image-only table to the patch's.
+    per_token: dict = field(default_factory=dict)
     #: Denoiser arguments that feed the blocks in ways a pipeline of stages cannot honour.
     unsupported_args: tuple[str, ...] = ()
 
@@ -54,6 +57,16 @@ class ComponentUnits:
     skips: dict[int, frozenset[int]]
     #: Denoiser arguments that feed the units in ways a cut denoiser cannot honour.
     unsupported_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptThenImage:
+    """A plan's spec (beside diffusers' ``ContextParallelInput``) for an input holding the prompt's entries,
+    then the image tokens', along ``split_dim`` (Chroma's attention mask): the prompt's part stays whole on
+    every rank, the image's is cut like the input ``image_arg``, whose length is the image tokens'."""
+
+    split_dim: int
+    image_arg: str = "hidden_states"
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,9 @@ class DenoiserFamily:
     #: whose first dimension equals the latent's batch (also inside lists and dicts), so that extra
     #: conditioning (ControlNet residuals, SDXL's ``added_cond_kwargs``) is cut without a list per model.
     unbatched_args: tuple[str, ...] = ()
+    #: Tensor arguments whose first dimension is batch × frames, sample by sample (a video U-Net's prompt
+    #: repeated per frame): a CFG split cuts them into two contiguous halves.
+    frame_batched_args: tuple[str, ...] = ()
     #: Submodule whose output is the image token sequence, sliced to the rank's rows; None: the
     #: family slices the denoiser's inputs itself (:meth:`split_inputs`).
     token_module: str | None = None
@@ -94,6 +110,15 @@ class DenoiserFamily:
     #: When a call's rows cannot be cut into aligned bands: True runs it whole on every rank (same
     #: result, no speedup), False raises :class:`ParadiffError`.
     whole_when_unsplittable: bool = False
+    #: Whether the displaced strategies cut the token sequences where :meth:`context_parallel_plan` says,
+    #: into one contiguous piece per rank, and complete every self-attention's keys and values where
+    #: ``scaled_dot_product_attention`` is called (``paradiff.layers.sdpa_kv``). Then neither
+    #: :attr:`token_module` nor :meth:`split_inputs` is used.
+    split_by_plan: bool = False
+    #: With :attr:`split_by_plan`: whether prompt tokens, whole on every rank (the plan does not split
+    #: them), join the image tokens inside self-attention: True before them, False after them; None: the
+    #: self-attention sees only tokens the plan splits.
+    joint_text_first: bool | None = None
 
     def grid(self, model: nn.Module, latent: torch.Tensor, inputs: dict) -> Grid:
         """Rows × cols of the grid that is cut into bands, for this call's latent."""
@@ -129,6 +154,13 @@ class DenoiserFamily:
     def context_parallel_plan(self, model: nn.Module) -> dict | None:
         """diffusers' plan (module name → where the sequence is split or gathered); None: this diffusers has none."""
         return None
+
+    def split_plan(self, model: nn.Module) -> dict | None:
+        """With :attr:`split_by_plan`: where the displaced strategies cut and join the tokens (the same
+        format); by default :meth:`context_parallel_plan`. A family whose prompt tokens stay whole on
+        every rank under the displaced strategies (cheaper: nothing about the prompt is exchanged) leaves
+        them out here."""
+        return self.context_parallel_plan(model)
 
     def context_parallel_processors(self, model: nn.Module) -> list[tuple[nn.Module, object]]:
         """``(attention layer, processor)`` to install first: layers whose processor would attend to local tokens only.

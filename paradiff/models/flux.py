@@ -23,7 +23,12 @@ import torch
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
 
-from ..compat import DispatchedAttentionProcessor, flux_qkv_projections, shipped_context_parallel_plan
+from ..compat import (
+    ContextParallelInput,
+    DispatchedAttentionProcessor,
+    flux_qkv_projections,
+    shipped_context_parallel_plan,
+)
 from ..errors import ParadiffError
 from .base import BlockStack, DenoiserFamily, Grid, random_tokens, require, slice_rows
 
@@ -39,7 +44,7 @@ class FluxFamily(DenoiserFamily):
     block_stack = BlockStack(
         lists=("transformer_blocks", "single_transformer_blocks"),
         text_arg="encoder_hidden_states",
-        per_token_arg="image_rotary_emb",
+        per_token={"image_rotary_emb": ContextParallelInput(split_dim=0)},
         unsupported_args=("controlnet_block_samples", "controlnet_single_block_samples"),
     )
 

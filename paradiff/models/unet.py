@@ -47,7 +47,7 @@ class UNetFamily(DenoiserFamily):
         return ComponentUnits(units, skips, self.spatial_residual_args)
 
     def split_inputs(self, model, inputs, rows, grid):
-        inputs[self.latent_arg] = slice_rows(inputs[self.latent_arg], 2, rows)
+        inputs[self.latent_arg] = slice_rows(inputs[self.latent_arg], -2, rows)
         for arg in self.spatial_residual_args:
             value = inputs.get(arg)
             if value is None:
@@ -60,4 +60,4 @@ class UNetFamily(DenoiserFamily):
 
 def _slice_level(tensor, rows, grid):
     factor = grid.rows // tensor.shape[-2]
-    return slice_rows(tensor, 2, slice(rows.start // factor, rows.stop // factor))
+    return slice_rows(tensor, -2, slice(rows.start // factor, rows.stop // factor))

@@ -82,7 +82,7 @@ class StepState:
     def enter_call(self, context: str | None, timestep) -> None:
         self.context = context or "default"
         cursor = self._cursors.setdefault(self.context, _ContextCursor())
-        key = _timestep_key(timestep)
+        key = timestep_key(timestep)
         if cursor.last_timestep is not None and key == cursor.last_timestep:
             cursor.call_in_step += 1
         else:
@@ -104,7 +104,8 @@ class StepState:
         return self.buffers[key]
 
 
-def _timestep_key(timestep) -> tuple[float, ...]:
+def timestep_key(timestep) -> tuple[float, ...]:
+    """A call's timestep as a comparable key (its first value: all samples of a call share it)."""
     if isinstance(timestep, torch.Tensor):
         return tuple(float(v) for v in timestep.detach().flatten()[:1].cpu())
     return (float(timestep),)

@@ -92,7 +92,16 @@ class Strategy:
 
     @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
-        """Refuse a model this strategy cannot run over ``degree`` ranks (nothing to refuse by default)."""
+        """Refuse a model this strategy cannot run over ``degree`` ranks (by default: one of a family it does not
+        support, naming those it does and the strategies that run this one)."""
+        if not cls.supports(family):
+            from .support import strategies_for, supported_classes
+
+            name = type(denoiser).__name__
+            raise ParadiffError(
+                f"strategy='{cls.name}' does not support {name}; supported: {supported_classes(cls)} "
+                f"({strategies_for(family)} run {name})"
+            )
 
     def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
         """Refuse, before a call's work, a height the strategy cannot cut (any height works by default)."""

@@ -13,6 +13,8 @@ describes, the latent and the timestep are read from its ``forward`` (``AnyDenoi
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from ..errors import ParadiffError
@@ -21,6 +23,27 @@ from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from .base import Strategy
 from .installation import Installation
+
+#: ``__call__`` arguments of pipelines that can run CFG besides a ``negative_*`` one (true CFG, SVD's per-frame
+#: scale, InstructPix2Pix's image guidance).
+_GUIDANCE_ARGS = ("true_cfg_scale", "max_guidance_scale", "image_guidance_scale")
+
+
+def cfg_free_reason(pipe, denoiser: nn.Module) -> str | None:
+    """Why ``pipe`` never runs classifier-free guidance, or None when it may.
+
+    A pipeline may when its ``__call__`` takes a negative prompt (or image, or embeddings), a true-CFG scale
+    or an image guidance scale, or a ``guidance_scale`` that its denoiser does not embed as an input.
+    """
+    arguments = inspect.signature(type(pipe).__call__).parameters
+    if any(name.startswith("negative_") or name in _GUIDANCE_ARGS for name in arguments):
+        return None
+    config = getattr(denoiser, "config", {})
+    if "guidance_scale" not in arguments:
+        return "its __call__ takes no guidance scale and no negative prompt"
+    if config.get("guidance_embeds") or config.get("time_cond_proj_dim"):
+        return "its guidance is distilled into the model (an input of the denoiser), with no negative prompt"
+    return None
 
 
 class CfgStrategy(Strategy):
@@ -41,6 +64,19 @@ class CfgStrategy(Strategy):
                 f"(supported: {supported_combinations()})"
             )
         return 2, 1
+
+    @classmethod
+    def check_pipeline(cls, pipe, denoiser: nn.Module, others: str) -> None:
+        """Refuse, before any collective, a pipeline that makes one prediction per step: nothing to split.
+
+        ``others``: the strategies that run the denoiser, for the message.
+        """
+        reason = cfg_free_reason(pipe, denoiser)
+        if reason:
+            raise ParadiffError(
+                f"{type(pipe).__name__} runs no classifier-free guidance ({reason}), so the CFG split has no two "
+                f"halves to run apart; drop cfg_parallel / strategy='cfg' and use {others}"
+            )
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int

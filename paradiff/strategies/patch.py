@@ -16,7 +16,9 @@ from ..errors import ParadiffError
 from ..layers.attention import DisplacedKV, plan_kv_completion
 from ..layers.group_norm import BandGroupNormHook
 from ..layers.halo_conv import HaloConv2dHook, check_halo_conv, needs_halo
+from ..layers.sdpa_kv import JointText, SDPACompletionHook
 from ..layers.split import BandSplitHook, TokenGatherHook, TokenSliceHook, band_rows_error
+from ..layers.token_plan import plan_hooks
 from ..models import DenoiserFamily, family_of
 from ..runtime.comm import BUCKET_LIMIT_BYTES, Communicator
 from .base import Strategy, StrategyOptions
@@ -49,6 +51,12 @@ class PatchStrategy(Strategy):
     name = "patch"
     Options = PatchOptions
 
+    @classmethod
+    def supports(cls, family: DenoiserFamily) -> bool:
+        """Families that say where the image is cut into pieces: by a plan, at a token module, or in the inputs."""
+        cuts_inputs = type(family).split_inputs is not DenoiserFamily.split_inputs
+        return family.described and (family.split_by_plan or family.token_module is not None or cuts_inputs)
+
     def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
         """Fail before any work when ``height`` pixels cannot be cut into aligned bands."""
         family = family_of(denoiser)
@@ -65,6 +73,8 @@ class PatchStrategy(Strategy):
         installed = Installation(denoiser, self.name)
         comm.bucket_limit_bytes = self.options.bucket_limit_bytes
         partial_context = self.options.partial_context
+        if family.split_by_plan:
+            return self.install_by_plan(installed, denoiser, family, comm)
         plan = []
         if family.banded_spatial_layers:
             for name, module in denoiser.named_modules():
@@ -89,4 +99,24 @@ class PatchStrategy(Strategy):
             installed.hook(module, layer_hook)
         for attn, processor in processors:
             installed.set_processor(attn, processor)
+        return installed.done()
+
+    def install_by_plan(
+        self, installed: Installation, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator
+    ) -> Installation:
+        """Cut the token sequences where the family's plan says; complete K/V where attention is computed."""
+        if self.options.partial_context is not None:
+            raise ParadiffError(
+                f"partial_context needs the image's row bands, and the {family.name} model's tokens are cut into "
+                "contiguous pieces of its whole sequence; leave partial_context unset"
+            )
+
+        def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
+            return tuple(DisplacedKV(comm, f"{name}.{p}", None, None) for p in "kv")
+
+        text = JointText(first=family.joint_text_first)
+        for module, hook in plan_hooks(denoiser, family, family.split_plan(denoiser), comm, text):
+            installed.hook(module, hook)
+        for name, attn in family.self_attention(denoiser):
+            installed.hook(attn, SDPACompletionHook(name, self.name, kv_pair, text))
         return installed.done()

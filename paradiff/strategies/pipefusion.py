@@ -30,9 +30,11 @@ from torch import nn
 
 from ..errors import ParadiffError
 from ..layers.attention import plan_kv_completion
+from ..layers.sdpa_kv import SDPACompletionHook
 from ..layers.stages import (
     PassThroughHook,
     PatchKV,
+    PatchText,
     PipelineCall,
     PipelineCallHook,
     Stage,
@@ -117,8 +119,8 @@ class PipeFusionStrategy(Strategy):
                 f"this {name} has {count} transformer blocks; run it on at most {count} ranks (per CFG half with "
                 "cfg_parallel), or use strategy='patch'"
             )
-        # every attention layer, not only a rank's own stage's: all ranks refuse the same processor alike
-        plan_kv_completion(family, family.self_attention(denoiser), lambda name: (None, None), cls.name)
+        if not family.split_by_plan:  # every attention layer, not only a rank's own stage's: all ranks refuse alike
+            plan_kv_completion(family, family.self_attention(denoiser), lambda name: (None, None), cls.name)
         stages = config.options.pipefusion_stages
         if stages is not None and sum(stages) != count:
             raise ParadiffError(
@@ -149,7 +151,12 @@ class PipeFusionStrategy(Strategy):
 
         own_modules = {id(m) for i in mine for m in blocks[i].modules()}
         layers = [(name, attn) for name, attn in family.self_attention(denoiser) if id(attn) in own_modules]
-        kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
+        if family.split_by_plan:  # K/V completed where attention is computed, whatever the processor
+            text = PatchText(comm, family.joint_text_first)
+            kv_hooks = [(attn, SDPACompletionHook(name, self.name, kv_pair, text)) for name, attn in layers]
+            processors = []
+        else:
+            kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
 
         call = PipelineCall(comm)
         installed.hook(denoiser, PipelineCallHook(family, call, self.options.pipefusion_patches, vae_scale_factor))

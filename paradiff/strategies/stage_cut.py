@@ -7,6 +7,9 @@ SD3.5's blocks with a second attention), and a parameter count misjudges them: a
 block has 2.4× the parameters of a single-stream one, but each token meets about the same number of
 them. Ranks time on their own and agree on the mean, so that all of them take the same cut; the cut
 changes only the speed, never the result (every stage runs the patches in the same order).
+
+A family that cannot build a block's inputs on its own (no ``block_inputs``) is cut by parameter
+count instead: exact for stacks of one kind of block, a proxy otherwise.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def measured_costs(
     family: DenoiserFamily, model: nn.Module, blocks: list[nn.Module], comm: Communicator
 ) -> list[float]:
     """Seconds per block of one forward on the timing tokens, agreed (averaged) over ``comm``'s ranks."""
+    if type(family).block_inputs is DenoiserFamily.block_inputs:
+        return [float(sum(p.numel() for p in block.parameters())) for block in blocks]
     kinds = list(dict.fromkeys(block_kind(block) for block in blocks))
     mean = mean_over_ranks([_time_block(family, model, blocks, kind) for kind in kinds], comm)
     return [mean[kinds.index(block_kind(block))] for block in blocks]

@@ -1,0 +1,58 @@
+"""AuraFlow (``AuraFlowTransformer2DModel``): an MMDiT with joint blocks, then single blocks on the joined tokens.
+
+Tokens. The patch embedding (with its learned position table, cropped to the image) runs on the whole
+latent on every rank; the image tokens (rows × columns of patches, row-major) are cut into one
+contiguous piece per rank (a band of rows) where they enter the first joint block, and gathered back at
+``proj_out``. The prompt, with the learned register tokens put before it, stays whole on every rank:
+the blocks update it alike everywhere, so nothing about it is exchanged.
+
+What mixes tokens. Only the attention of every block, where the registers and prompt come first and the
+image tokens after them: in the joint blocks the processor joins them, in the single blocks the model
+has concatenated them already (``[registers + prompt, image piece]``), so both see the prompt tokens
+before the rank's image tokens, and the image part of the keys and values is completed to the whole image.
+
+Blocks. ``joint_transformer_blocks`` (returning prompt and image tokens), then
+``single_transformer_blocks`` on their concatenation: one chain that ``asyncdiff`` cuts (declared through
+:meth:`component_units`: the single blocks take no separate prompt argument, which a pipeline of stages
+(:class:`BlockStack`) would need).
+"""
+
+from __future__ import annotations
+
+from ..compat import ContextParallelInput, ContextParallelOutput
+from .base import ComponentUnits, DenoiserFamily, Grid, require
+
+
+class AuraFlowFamily(DenoiserFamily):
+    name = "auraflow"
+    class_names = ("AuraFlowTransformer2DModel",)
+    split_by_plan = True
+    joint_text_first = True
+
+    def grid(self, model, latent, inputs):
+        patch = model.config.patch_size
+        return Grid(rows=latent.shape[-2] // patch, cols=latent.shape[-1] // patch)
+
+    def pixels_per_row(self, model, vae_scale_factor):
+        return vae_scale_factor * model.config.patch_size
+
+    def split_plan(self, model):
+        require(
+            len(model.joint_transformer_blocks) > 0,
+            "AuraFlow without joint blocks is not supported by the displaced strategies (the image tokens are cut "
+            "where they enter the first joint block)",
+        )
+        return {
+            "joint_transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+        }
+
+    def self_attention(self, model):
+        names = [f"joint_transformer_blocks.{i}" for i in range(len(model.joint_transformer_blocks))]
+        names += [f"single_transformer_blocks.{i}" for i in range(len(model.single_transformer_blocks))]
+        return [(f"{name}.attn", model.get_submodule(f"{name}.attn")) for name in names]
+
+    def component_units(self, model):
+        names = [f"joint_transformer_blocks.{i}" for i in range(len(model.joint_transformer_blocks))]
+        names += [f"single_transformer_blocks.{i}" for i in range(len(model.single_transformer_blocks))]
+        return ComponentUnits(tuple((name, model.get_submodule(name)) for name in names), {})

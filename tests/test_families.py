@@ -1,0 +1,171 @@
+"""Every diffusers family paradiff runs, under every strategy that applies to it, equal to one device.
+
+Tiny real pipelines (``family_pipelines_image``/``_video``), fp32 on CPU, 2 gloo ranks: in exact mode
+(warm-up over every step) each strategy's output is the one-device output within float round-off, the
+same on every rank, and the pipeline comes back untouched. Which strategies apply is asked of the code
+(``Strategy.supports`` and the pipeline's CFG), so a family or strategy that stops supporting the other
+drops out of the matrix in the README and here alike, and ``test_the_families_run_what_the_matrix_says``
+fails.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from displaced_reference import asyncdiff_reference, patch_reference, pipefusion_reference
+from family_pipelines_image import IMAGE_FAMILIES, build_image_pipeline
+from family_pipelines_video import VIDEO_FAMILIES, build_video_pipeline
+
+import paradiff
+from paradiff.errors import ParadiffError
+from paradiff.models import family_of
+from paradiff.pipeline import find_denoiser
+from paradiff.strategies import strategy_class
+from paradiff.strategies.cfg import cfg_free_reason
+
+TOLERANCE = 1e-5
+STEPS = 3
+#: Strategies tried on every family: all but ``ring``, which needs an attention backend CUDA alone has.
+STRATEGIES = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses")
+
+
+def build(name: str):
+    return build_image_pipeline(name) if name in IMAGE_FAMILIES else build_video_pipeline(name)
+
+
+def latents(result) -> np.ndarray:
+    output = result.frames if hasattr(result, "frames") else result.images
+    return np.asarray(output, dtype=np.float32)
+
+
+def applicable(pipe, strategy: str) -> bool:
+    denoiser = find_denoiser(pipe)
+    cls = strategy_class(strategy)
+    if cls.cfg_split_alone and cfg_free_reason(pipe, denoiser):
+        return False
+    return cls.supports(family_of(denoiser, any_model=True))
+
+
+def strategies_vs_one_device(name: str, strategies=STRATEGIES, steps: int = STEPS, **extra) -> dict:
+    """On this rank: the one-device latents, then each applicable strategy's (exact mode), then restored."""
+    pipe, call = build(name)
+    call = {**call, "num_inference_steps": steps}
+
+    def run():
+        return latents(pipe(**{**call, "generator": torch.Generator().manual_seed(0)}))
+
+    reference = run()
+    scale = float(np.abs(reference).max())
+    results = {}
+    for strategy in [s for s in strategies if applicable(pipe, s)]:
+        options = {"warmup_steps": steps} if strategy_class(strategy).uses_warmup else {}
+        pipe = paradiff.parallelize(pipe, strategy=strategy, **options, **extra)
+        try:
+            output = run()
+        finally:
+            paradiff.unparallelize(pipe)
+        results[strategy] = {"error": float(np.abs(output - reference).max()) / scale, "output": output}
+    results["restored"] = float(np.abs(run() - reference).max())
+    return results
+
+
+def _check_exact(results: list[dict]) -> None:
+    assert results[0]["restored"] == 0.0
+    for strategy, result in results[0].items():
+        if strategy == "restored":
+            continue
+        assert result["error"] <= TOLERANCE, (strategy, result["error"])
+        for other in results[1:]:
+            np.testing.assert_array_equal(other[strategy]["output"], result["output"], err_msg=strategy)
+
+
+@pytest.mark.parametrize("name", IMAGE_FAMILIES + VIDEO_FAMILIES)
+def test_every_applicable_strategy_is_exact(pool2, name):
+    results = pool2.run(strategies_vs_one_device, name)
+    print(name, {k: v["error"] for k, v in results[0].items() if k != "restored"})
+    _check_exact(results)
+
+
+def test_a_class_no_family_module_describes_runs_from_diffusers_plan():
+    """Flux.2 has no family module: its shipped ``_cp_plan`` is its description (patch and ulysses)."""
+    pipe, _ = build("flux2")
+    family = family_of(find_denoiser(pipe))
+    assert type(family).__name__ == "PlannedDiTFamily" and family.class_names == ("Flux2Transformer2DModel",)
+    assert applicable(pipe, "patch") and applicable(pipe, "ulysses") and not applicable(pipe, "cfg")
+
+
+def test_the_families_run_what_the_matrix_says():
+    """The matrix these tests walk: each strategy covers the families it was built for (a regression drops one)."""
+    names = set(IMAGE_FAMILIES + VIDEO_FAMILIES)
+    runs = {s: {name for name in names if applicable(build(name)[0], s)} for s in STRATEGIES}
+    assert runs["parastep"] == names
+    assert runs["cfg"] == names - {"flux2"}  # guidance-distilled: nothing to split
+    assert runs["patch"] == names - {"lumina2"}
+    assert runs["asyncdiff"] == names - {"chroma", "flux2"}
+    dits = {"qwenimage", "cogview4", "wan", "cogvideox", "hunyuanvideo", "ltx", "mochi", "allegro"}
+    assert runs["pipefusion"] == dits
+    assert runs["ulysses"] == {"qwenimage", "flux2", "wan"}
+
+
+@pytest.mark.parametrize("options", [{}, {"cfg_parallel": True}], ids=["patch", "patch-x-cfg"])
+def test_a_video_dit_at_4_ranks(rank_pool, options):
+    """Wan (two calls per step for CFG) over 4 ranks: 4 pieces of its 2 frames × 4 × 4 tokens, or 2 per CFG half."""
+    results = rank_pool(4).run(strategies_vs_one_device, "wan", ("patch",), **options)
+    assert set(results[0]) == {"patch", "restored"}
+    _check_exact(results)
+
+
+def test_a_pipeline_without_cfg_is_refused_before_any_collective(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # no process group exists: it must fail before creating one
+    pipe, _ = build("flux2")
+    for options in ({"strategy": "cfg"}, {"strategy": "patch", "cfg_parallel": True}):
+        with pytest.raises(ParadiffError, match=r"Flux2Pipeline runs no classifier-free guidance.*'patch'"):
+            paradiff.parallelize(pipe, **options)
+        assert not hasattr(pipe, "_paradiff")
+
+
+def displaced_vs_reference(name: str, strategy: str, steps: int, warmup: int, reference, **options) -> dict:
+    """This rank's latents under a displaced strategy, the single-process reference's, and one device's."""
+    pipe, call = build(name)
+    call = {**call, "num_inference_steps": steps}
+
+    def run(pipe, hold=None):
+        kwargs = {**call, "generator": torch.Generator().manual_seed(0)}
+        return latents(hold(pipe, kwargs) if hold else pipe(**kwargs))
+
+    one_device = run(pipe)
+    expected = run(pipe, partial(reference, warmup_steps=warmup))
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, **options)
+    try:
+        output = run(pipe)
+    finally:
+        paradiff.unparallelize(pipe)
+    scale = float(np.abs(expected).max())
+    return {
+        "error": float(np.abs(output - expected).max()) / scale,
+        "moved": float(np.abs(output - one_device).max()) / scale,
+        "output": output,
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy", "reference", "options"),
+    [
+        ("ltx", "patch", partial(patch_reference, ranks=2), {}),
+        ("ltx", "asyncdiff", partial(asyncdiff_reference, cut=(1, 1)), {"asyncdiff_cut": (1, 1)}),
+        ("ltx", "pipefusion", partial(pipefusion_reference, patches=4), {"pipefusion_patches": 4}),
+        ("sana", "patch", partial(patch_reference, ranks=2), {}),
+        ("animatediff", "patch", partial(patch_reference, ranks=2), {}),
+    ],
+    ids=["video-dit-patch", "video-dit-asyncdiff", "video-dit-pipefusion", "image-dit-patch", "video-unet-patch"],
+)
+def test_displaced_steps_equal_their_reference(pool2, name, strategy, reference, options):
+    """A video DiT (LTX), an image DiT with a convolution among its tokens (Sana) and a video U-Net (AnimateDiff)."""
+    results = pool2.run(displaced_vs_reference, name, strategy, 5, 1, reference, **options)
+    for result in results:
+        assert result["error"] <= TOLERANCE, result["error"]
+        assert result["moved"] >= 1e-3, result["moved"]  # displaced: not the one-device output
+        np.testing.assert_array_equal(result["output"], results[0]["output"])
