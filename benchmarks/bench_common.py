@@ -31,6 +31,12 @@ def generate(pipe, family: str, size: int, steps: int, **extra):
     return images, time.perf_counter() - start
 
 
+def status_mb(field: str) -> float:
+    """A memory figure of this process from ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in MB (Linux)."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith(f"{field}:")).split()[1]) / 1024
+
+
 def cached_pipeline(family: str):
     """The family's bench-size pipeline (``paradiff.tiny``), built on first use and called once untimed."""
     if family not in _PIPES:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
+import diffusers
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks._helpers import TransformerBlockRegistry
@@ -53,6 +54,7 @@ __all__ = [
     "recording_parallel_config",
     "remove_hook",
     "shipped_context_parallel_plan",
+    "ulysses_gathers_key_masks",
 ]
 
 
@@ -190,6 +192,17 @@ class DispatchedAttentionProcessor:
 
 
 # Context parallelism (``enable_parallelism``).
+
+
+#: The first diffusers release known to extend a key mask over the keys Ulysses gathers (0.38 passes each rank's
+#: local mask against the whole sequence's keys; 0.42 gathers it).
+ULYSSES_MASKS_FROM = "0.42"
+
+
+def ulysses_gathers_key_masks() -> bool:
+    """Whether this diffusers' Ulysses attention completes an attention mask over the gathered keys."""
+    release = tuple(int(part) for part in diffusers.__version__.split(".")[:2])
+    return release >= tuple(int(part) for part in ULYSSES_MASKS_FROM.split("."))
 
 
 def shipped_context_parallel_plan(model: nn.Module) -> dict | None:

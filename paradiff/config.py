@@ -36,7 +36,8 @@ class ParallelConfig:
             ranks, and run ``strategy`` within each group (world = 2 × the strategy's degree).
             ``strategy="cfg"`` is this split alone, so it sets ``cfg_parallel`` itself.
         timeout_s: every collective fails after this many seconds instead of hanging.
-        parallel_vae: decode the image in row bands on all ranks (exact) instead of whole on each.
+        parallel_vae: decode the image in row bands on all ranks (exact) instead of whole on each; a VAE decoder
+            paradiff cannot band (the video VAEs) runs on rank 0 alone and the others receive its output.
         options: the strategy's own options (an instance of its ``Options`` dataclass).
     """
 

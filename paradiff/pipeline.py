@@ -30,6 +30,7 @@ from torch import nn
 
 from .config import ParallelConfig
 from .errors import ParadiffError
+from .layers.decode_broadcast import DecodeOnOneRankHook
 from .models import decoder_family_of, family_of
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
@@ -171,16 +172,25 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         exact = _exact_communicator(groups.cfg)
         cfg_part = ParallelPart(exact, CfgStrategy(groups=groups).install(denoiser, family, exact, scale))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
-    decoder_family = decoder_family_of(decoder) if config.parallel_vae and decoder is not None else None
-    if decoder_family is not None:
-        exact = _exact_communicator(groups.world)
-        decoder_part = ParallelPart(exact, PatchStrategy().install(decoder, decoder_family, exact, scale))
+    if config.parallel_vae and isinstance(decoder, nn.Module):
+        decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
     world = _exact_communicator(groups.world)
     pipe._paradiff = ParallelState(
         config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part
     )
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
+
+
+def _parallel_decoder(decoder: nn.Module, comm: Communicator, vae_scale_factor: int) -> ParallelPart:
+    """The VAE decoder in row bands over every rank (exact) where a family describes it; else on rank 0 alone,
+    its output broadcast (video VAEs: ``paradiff.layers.decode_broadcast``)."""
+    family = decoder_family_of(decoder)
+    if family is not None:
+        return ParallelPart(comm, PatchStrategy().install(decoder, family, comm, vae_scale_factor))
+    installed = Installation(decoder, "decode")
+    installed.hook(decoder, DecodeOnOneRankHook(comm))
+    return ParallelPart(comm, installed.done())
 
 
 def _exact_communicator(ranks) -> Communicator:

@@ -30,4 +30,4 @@ sys.exit(0 if Version(diffusers.__version__) == Version('$floor') else 'expected
 "
 .floor-env/bin/python -m pytest -q -p no:cacheprovider -k "exact or restores" \
     tests/test_patch_exactness.py tests/test_cfg.py tests/test_sequence.py tests/test_pipefusion.py \
-    tests/test_parastep.py tests/test_asyncdiff.py tests/test_compat.py
+    tests/test_parastep.py tests/test_asyncdiff.py tests/test_compat.py tests/test_families.py

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import math
 
+import diffusers
+import torch
 from diffusers.hooks import ModelHook
 
-from ..compat import CallContextHook
+from ..compat import ULYSSES_MASKS_FROM, CallContextHook, ulysses_gathers_key_masks
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, Grid, bind_inputs
 from ..runtime.comm import OUTPUT, SYNC, Communicator, tensor_bytes
@@ -66,6 +68,13 @@ class SequenceCheckHook(CallContextHook):
         )
         if error:
             raise ParadiffError(error)
+        masked = [name for name in family.context_parallel_mask_args if _masks_some(inputs.get(name))]
+        if masked and not ulysses_gathers_key_masks():
+            raise ParadiffError(
+                f"this call passes {masked[0]} with masked (padding) tokens, and diffusers {diffusers.__version__}'s "
+                f"sequence-parallel attention does not extend a mask over the keys it gathers (diffusers "
+                f"{ULYSSES_MASKS_FROM} does); upgrade diffusers, pass prompts without padding, or use strategy='patch'"
+            )
         self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg])
         return args, kwargs
 
@@ -74,6 +83,10 @@ class SequenceCheckHook(CallContextHook):
         comm.record(OUTPUT, tensor_bytes(sample) * (comm.size - 1) // comm.size)
         return output
 
+
+
+def _masks_some(mask) -> bool:
+    return isinstance(mask, torch.Tensor) and not bool(mask.bool().all())
 
 
 class AttentionTrafficHook(ModelHook):

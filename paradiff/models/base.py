@@ -151,6 +151,10 @@ class DenoiserFamily:
     #: attention: text and image tokens attend to each other); None: text stays whole on every rank.
     context_parallel_text_arg: str | None = None
 
+    #: Forward arguments holding a mask over prompt tokens that the context-parallel plan cuts (diffusers'
+    #: Ulysses must then extend it over the keys it gathers, which older releases do not).
+    context_parallel_mask_args: tuple[str, ...] = ()
+
     def context_parallel_plan(self, model: nn.Module) -> dict | None:
         """diffusers' plan (module name → where the sequence is split or gathered); None: this diffusers has none."""
         return None
