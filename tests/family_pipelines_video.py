@@ -67,6 +67,17 @@ def _mask(batch: int = 1) -> torch.Tensor:
     return mask
 
 
+def _prompts(generator: torch.Generator, width: int, masked: bool = False) -> dict:
+    """A prompt's and a negative prompt's embeddings (``TEXT_TOKENS`` of ``width``), with their masks if ``masked``."""
+    kwargs = {
+        "prompt_embeds": _randn(generator, 1, TEXT_TOKENS, width),
+        "negative_prompt_embeds": _randn(generator, 1, TEXT_TOKENS, width),
+    }
+    if masked:
+        kwargs |= {"prompt_attention_mask": _mask(), "negative_prompt_attention_mask": _mask()}
+    return kwargs
+
+
 def _common(**kwargs) -> dict:
     return dict(
         generator=torch.Generator().manual_seed(CALL_SEED),
@@ -108,8 +119,7 @@ def _build_wan(seed: int) -> tuple:
     )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
+        **_prompts(gen, 32),
         guidance_scale=5.0,
         height=64,
         width=64,
@@ -161,8 +171,7 @@ def _build_cogvideox(seed: int) -> tuple:
     )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
+        **_prompts(gen, 32),
         guidance_scale=6.0,
         height=64,
         width=64,
@@ -289,10 +298,7 @@ def _build_ltx(seed: int) -> tuple:
     )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        prompt_attention_mask=_mask(),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        negative_prompt_attention_mask=_mask(),
+        **_prompts(gen, 32, masked=True),
         guidance_scale=3.0,
         height=32,
         width=32,
@@ -336,10 +342,7 @@ def _build_mochi(seed: int) -> tuple:
     )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        prompt_attention_mask=_mask(),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        negative_prompt_attention_mask=_mask(),
+        **_prompts(gen, 32, masked=True),
         guidance_scale=4.5,
         height=64,
         width=64,
@@ -377,8 +380,7 @@ def _build_latte(seed: int) -> tuple:
     pipe = LattePipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=DDIMScheduler())
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
+        **_prompts(gen, 32),
         guidance_scale=5.0,
         height=8,
         width=8,
@@ -429,10 +431,7 @@ def _build_allegro(seed: int) -> tuple:
     )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        prompt_attention_mask=_mask(),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 32),
-        negative_prompt_attention_mask=_mask(),
+        **_prompts(gen, 32, masked=True),
         guidance_scale=6.0,
         height=64,
         width=64,
@@ -491,8 +490,7 @@ def _build_animatediff(seed: int) -> tuple:
     )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
-        prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 8),
-        negative_prompt_embeds=_randn(gen, 1, TEXT_TOKENS, 8),
+        **_prompts(gen, 8),
         guidance_scale=7.5,
         height=16,
         width=16,

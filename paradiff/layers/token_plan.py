@@ -13,14 +13,12 @@ the image part of an input that also holds the prompt's entries.
 
 from __future__ import annotations
 
-import re
-
 import torch
 from diffusers.hooks import ModelHook
 
 from ..compat import CallContextHook, ContextParallelInput, ContextParallelOutput
 from ..errors import ParadiffError
-from ..models.base import DenoiserFamily, PromptThenImage, bind_inputs
+from ..models.base import DenoiserFamily, PromptThenImage, bind_inputs, modules_matching
 from ..runtime.comm import Communicator
 from .sdpa_kv import JointText
 from .split import output_sample, replace_output_sample
@@ -154,11 +152,9 @@ def plan_hooks(
     ``*`` in a name stands for any one part of a module's name (``transformer_blocks.*``): each module it
     matches gets the entry, merged with any entry naming it exactly.
     """
-    names = [name for name, _ in model.named_modules() if name]
     specs: dict[str, dict | ContextParallelOutput] = {}
     for pattern, spec in plan.items():
-        matched = [n for n in names if re.fullmatch(re.escape(pattern).replace(r"\*", r"[^.]+"), n)] if pattern else []
-        for name in matched:
+        for name in modules_matching(model, pattern) if pattern else ():
             merged = specs.get(name)
             specs[name] = {**merged, **spec} if isinstance(merged, dict) and isinstance(spec, dict) else spec
     hooks = [(model, PlannedCallHook(family, comm, plan.get(""), text))]

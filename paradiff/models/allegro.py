@@ -18,35 +18,21 @@ grid's rows are frames × rows of patches, whole rows of the video in token orde
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import BlockStack, DenoiserFamily, Grid
+from ..compat import ContextParallelInput
+from .base import BlockStack, PatchTokensFamily
 
 _POSITIONS = ContextParallelInput(split_dim=1, expected_dims=2)
 
 
-class AllegroFamily(DenoiserFamily):
+class AllegroFamily(PatchTokensFamily):
     name = "allegro"
     class_names = ("AllegroTransformer3DModel",)
-    split_by_plan = True
+    tokens_enter = "transformer_blocks.0"
+    per_token_plan = {"": {"image_rotary_emb": (None, (_POSITIONS, _POSITIONS, _POSITIONS))}}
+    attention_layers = ("transformer_blocks.*.attn1",)
+    frames_dim = -3
     #: Its frequency tables have one row per position (as many as frames, say), not per sample.
     unbatched_args = ("image_rotary_emb",)
     block_stack = BlockStack(
         lists=("transformer_blocks",), per_token={"image_rotary_emb": (None, (_POSITIONS, _POSITIONS, _POSITIONS))}
     )
-
-    def grid(self, model, latent, inputs):
-        patch, frames = model.config.patch_size, latent.shape[-3] // model.config.patch_size_t
-        return Grid(rows=frames * (latent.shape[-2] // patch), cols=latent.shape[-1] // patch)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def split_plan(self, model):
-        return {
-            "": {"image_rotary_emb": (None, (_POSITIONS, _POSITIONS, _POSITIONS))},
-            "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.transformer_blocks)]

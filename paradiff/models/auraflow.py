@@ -19,22 +19,15 @@ Blocks. ``joint_transformer_blocks`` (returning prompt and image tokens), then
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import ComponentUnits, DenoiserFamily, Grid, require
+from .base import ComponentUnits, PatchTokensFamily, require
 
 
-class AuraFlowFamily(DenoiserFamily):
+class AuraFlowFamily(PatchTokensFamily):
     name = "auraflow"
     class_names = ("AuraFlowTransformer2DModel",)
-    split_by_plan = True
+    tokens_enter = "joint_transformer_blocks.0"
+    attention_layers = ("joint_transformer_blocks.*.attn", "single_transformer_blocks.*.attn")
     joint_text_first = True
-
-    def grid(self, model, latent, inputs):
-        patch = model.config.patch_size
-        return Grid(rows=latent.shape[-2] // patch, cols=latent.shape[-1] // patch)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
 
     def split_plan(self, model):
         require(
@@ -42,15 +35,7 @@ class AuraFlowFamily(DenoiserFamily):
             "AuraFlow without joint blocks is not supported by the displaced strategies (the image tokens are cut "
             "where they enter the first joint block)",
         )
-        return {
-            "joint_transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        names = [f"joint_transformer_blocks.{i}" for i in range(len(model.joint_transformer_blocks))]
-        names += [f"single_transformer_blocks.{i}" for i in range(len(model.single_transformer_blocks))]
-        return [(f"{name}.attn", model.get_submodule(f"{name}.attn")) for name in names]
+        return super().split_plan(model)
 
     def component_units(self, model):
         names = [f"joint_transformer_blocks.{i}" for i in range(len(model.joint_transformer_blocks))]

@@ -8,11 +8,13 @@ only this interface, never a class name.
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from ..compat import ContextParallelInput, ContextParallelOutput
 from ..errors import ParadiffError
 
 
@@ -57,6 +59,11 @@ class ComponentUnits:
     skips: dict[int, frozenset[int]]
     #: Denoiser arguments that feed the units in ways a cut denoiser cannot honour.
     unsupported_args: tuple[str, ...] = ()
+
+
+#: A plan's spec for the image tokens ``(batch, tokens, channels)``, and for joining them at the output.
+IMAGE_TOKENS = ContextParallelInput(split_dim=1, expected_dims=3)
+JOINED_TOKENS = ContextParallelOutput(gather_dim=1, expected_dims=3)
 
 
 @dataclass(frozen=True)
@@ -135,8 +142,15 @@ class DenoiserFamily:
     def split_inputs(self, model: nn.Module, inputs: dict, rows: slice, grid: Grid) -> None:
         """Slice the denoiser's inputs in place to the rank's band (for families without a token module)."""
 
+    #: Names of the attention layers whose keys and values come from the image tokens (``*`` stands for any
+    #: one part of a name: ``transformer_blocks.*.attn1``); empty: every attention layer that says it is not
+    #: cross-attention.
+    attention_layers: tuple[str, ...] = ()
+
     def self_attention(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """Attention layers whose keys and values come from the image tokens."""
+        if self.attention_layers:
+            return [(name, model.get_submodule(name)) for name in modules_matching(model, self.attention_layers)]
         return [
             (name, module)
             for name, module in model.named_modules()
@@ -198,6 +212,13 @@ class DenoiserFamily:
         return any(cls.__name__ in self.class_names for cls in type(model).__mro__)
 
 
+def modules_matching(model: nn.Module, patterns: tuple[str, ...] | str) -> list[str]:
+    """Names of ``model``'s submodules that match ``patterns``, in ``named_modules`` order (``*``: one name part)."""
+    patterns = (patterns,) if isinstance(patterns, str) else patterns
+    regexes = [re.compile(re.escape(p).replace(r"\*", r"[^.]+")) for p in patterns]
+    return [name for name, _ in model.named_modules() if name and any(r.fullmatch(name) for r in regexes)]
+
+
 def bind_inputs(model: nn.Module, args: tuple, kwargs: dict) -> inspect.BoundArguments:
     """The denoiser call's arguments by name (from the class's ``forward``, whatever hooks wrap it)."""
     signature = inspect.signature(type(model).forward)
@@ -218,3 +239,49 @@ def random_tokens(model: nn.Module, *shape: int) -> torch.Tensor:
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise ParadiffError(message)
+
+
+class PatchTokensFamily(DenoiserFamily):
+    """A DiT whose image tokens are the latent's patches, frame by frame, row by row, cut by a plan.
+
+    The grid's rows are frames × rows of patches: whole rows of the image (or video) in token order, so
+    a piece of the grid's rows is a contiguous piece of the tokens.
+    """
+
+    split_by_plan = True
+    #: The block whose ``hidden_states`` (the image tokens) the plan cuts, to be joined again at ``proj_out``;
+    #: None: the plan is :meth:`context_parallel_plan` (diffusers' own).
+    tokens_enter: str | None = None
+    #: The rest of the plan: per-token inputs (rotary tables) cut alike.
+    per_token_plan: dict = {}
+    #: Dimension of the latent holding the frames (video DiTs; ``patch_size_t`` of them per token);
+    #: None: an image latent, or a video DiT cut along the rows of each frame (Latte).
+    frames_dim: int | None = None
+
+    @staticmethod
+    def patch(model: nn.Module) -> tuple[int, int]:
+        """``(frames, rows)`` of latent pixels per token, from the config (``patch_size`` an int or a 3-tuple)."""
+        patch = model.config.patch_size
+        if isinstance(patch, (tuple, list)):
+            return patch[0], patch[1]
+        return getattr(model.config, "patch_size_t", None) or 1, patch
+
+    def grid(self, model, latent, inputs):
+        frames_per_token, patch = self.patch(model)
+        frames = 1 if self.frames_dim is None else -(-latent.shape[self.frames_dim] // frames_per_token)
+        return Grid(rows=frames * (latent.shape[-2] // patch), cols=latent.shape[-1] // patch)
+
+    def pixels_per_row(self, model, vae_scale_factor):
+        return vae_scale_factor * self.patch(model)[1]
+
+    def split_plan(self, model):
+        if self.tokens_enter is None:
+            return super().split_plan(model)
+        return {**self.per_token_plan, self.tokens_enter: {"hidden_states": IMAGE_TOKENS}, "proj_out": JOINED_TOKENS}
+
+
+def rotary_outputs(dims: int = 2) -> dict:
+    """A plan's entry for a module returning a rotary table ``(cos, sin)``, one row per image token along dim 0."""
+    table = ContextParallelInput(split_dim=0, expected_dims=dims, split_output=True)
+    return {0: table, 1: table}
+

@@ -26,6 +26,7 @@ from .base import DenoiserFamily, Grid, PromptThenImage, require
 class ChromaFamily(DenoiserFamily):
     name = "chroma"
     class_names = ("ChromaTransformer2DModel",)
+    attention_layers = ("transformer_blocks.*.attn", "single_transformer_blocks.*.attn")
     split_by_plan = True
     joint_text_first = True
     #: Token positions, ``(tokens, 3)``: their length may equal the batch by chance, so never cut them.
@@ -50,13 +51,3 @@ class ChromaFamily(DenoiserFamily):
             },
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
         }
-
-    def self_attention(self, model):
-        blocks = [("transformer_blocks", b) for b in model.transformer_blocks]
-        blocks += [("single_transformer_blocks", b) for b in model.single_transformer_blocks]
-        counts: dict[str, int] = {}
-        layers = []
-        for kind, block in blocks:
-            index = counts[kind] = counts.get(kind, -1) + 1
-            layers.append((f"{kind}.{index}.attn", block.attn))
-        return layers

@@ -16,36 +16,20 @@ rows are frames × rows of patches, whole rows of the video in token order.
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import BlockStack, DenoiserFamily, Grid
-
-_TOKENS = ContextParallelInput(split_dim=1, expected_dims=3)
+from ..compat import ContextParallelInput
+from .base import BlockStack, PatchTokensFamily
 
 
-class CogVideoXFamily(DenoiserFamily):
+class CogVideoXFamily(PatchTokensFamily):
     name = "cogvideox"
     class_names = ("CogVideoXTransformer3DModel",)
-    split_by_plan = True
+    tokens_enter = "transformer_blocks.0"
+    per_token_plan = {"": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)}}
+    attention_layers = ("transformer_blocks.*.attn1",)
+    frames_dim = 1
     joint_text_first = True
     block_stack = BlockStack(
         lists=("transformer_blocks",),
         text_arg="encoder_hidden_states",
         per_token={"image_rotary_emb": ContextParallelInput(split_dim=0)},
     )
-
-    def grid(self, model, latent, inputs):
-        patch, frames = model.config.patch_size, -(-latent.shape[1] // (model.config.patch_size_t or 1))
-        return Grid(rows=frames * (latent.shape[-2] // patch), cols=latent.shape[-1] // patch)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def context_parallel_plan(self, model):
-        return {
-            "": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)},
-            "transformer_blocks.0": {"hidden_states": _TOKENS},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.transformer_blocks)]

@@ -16,36 +16,19 @@ Blocks. ``transformer_blocks`` take and return the image and prompt tokens (imag
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import BlockStack, DenoiserFamily, Grid
-
-_ROTARY = ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)
+from ..compat import ContextParallelInput
+from .base import BlockStack, PatchTokensFamily, rotary_outputs
 
 
-class CogView4Family(DenoiserFamily):
+class CogView4Family(PatchTokensFamily):
     name = "cogview4"
     class_names = ("CogView4Transformer2DModel",)
-    split_by_plan = True
+    tokens_enter = "transformer_blocks.0"
+    per_token_plan = {"rope": rotary_outputs()}
+    attention_layers = ("transformer_blocks.*.attn1",)
     joint_text_first = True
     block_stack = BlockStack(
         lists=("transformer_blocks",),
         text_arg="encoder_hidden_states",
         per_token={"image_rotary_emb": ContextParallelInput(split_dim=0)},
     )
-
-    def grid(self, model, latent, inputs):
-        patch = model.config.patch_size
-        return Grid(rows=latent.shape[-2] // patch, cols=latent.shape[-1] // patch)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def split_plan(self, model):
-        return {
-            "rope": {0: _ROTARY, 1: _ROTARY},
-            "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.transformer_blocks)]

@@ -17,16 +17,17 @@ returning the image and prompt tokens (image first). The grid's rows are frames 
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import BlockStack, DenoiserFamily, Grid
-
-_ROTARY = ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)
+from ..compat import ContextParallelInput
+from .base import BlockStack, PatchTokensFamily, rotary_outputs
 
 
-class HunyuanVideoFamily(DenoiserFamily):
+class HunyuanVideoFamily(PatchTokensFamily):
     name = "hunyuanvideo"
     class_names = ("HunyuanVideoTransformer3DModel",)
-    split_by_plan = True
+    tokens_enter = "transformer_blocks.0"
+    per_token_plan = {"rope": rotary_outputs()}
+    attention_layers = ("transformer_blocks.*.attn", "single_transformer_blocks.*.attn")
+    frames_dim = -3
     joint_text_first = False
     block_stack = BlockStack(
         lists=("transformer_blocks", "single_transformer_blocks"),
@@ -34,23 +35,3 @@ class HunyuanVideoFamily(DenoiserFamily):
         # the rotary table, named differently by the two kinds of block
         per_token={name: ContextParallelInput(split_dim=0) for name in ("freqs_cis", "image_rotary_emb")},
     )
-
-    def grid(self, model, latent, inputs):
-        patch, frames = model.config.patch_size, latent.shape[-3] // model.config.patch_size_t
-        return Grid(rows=frames * (latent.shape[-2] // patch), cols=latent.shape[-1] // patch)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def split_plan(self, model):
-        return {
-            "rope": {0: _ROTARY, 1: _ROTARY},
-            "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        blocks = [*model.transformer_blocks, *model.single_transformer_blocks]
-        names = [f"transformer_blocks.{i}" for i in range(len(model.transformer_blocks))]
-        names += [f"single_transformer_blocks.{i}" for i in range(len(model.single_transformer_blocks))]
-        return [(f"{name}.attn", block.attn) for name, block in zip(names, blocks, strict=True)]

@@ -17,31 +17,18 @@ through :meth:`component_units`, not a :class:`BlockStack`: a pipeline of stages
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import ComponentUnits, DenoiserFamily, Grid
+from ..compat import ContextParallelInput
+from .base import ComponentUnits, PatchTokensFamily
 
 
-class HunyuanDiTFamily(DenoiserFamily):
+class HunyuanDiTFamily(PatchTokensFamily):
     name = "hunyuandit"
     class_names = ("HunyuanDiT2DModel",)
-    split_by_plan = True
+    tokens_enter = "blocks.0"
+    per_token_plan = {"": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)}}
+    attention_layers = ("blocks.*.attn1",)
 
-    def grid(self, model, latent, inputs):
-        patch = model.config.patch_size
-        return Grid(rows=latent.shape[-2] // patch, cols=latent.shape[-1] // patch)
 
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def split_plan(self, model):
-        return {
-            "": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)},
-            "blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        return [(f"blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.blocks)]
 
     def component_units(self, model):
         layers = len(model.blocks)

@@ -23,31 +23,19 @@ through :meth:`component_units`: the two lists interleave, which a :class:`Block
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import ComponentUnits, DenoiserFamily, Grid
+from ..compat import ContextParallelInput
+from .base import ComponentUnits, PatchTokensFamily
 
 
-class LatteFamily(DenoiserFamily):
+class LatteFamily(PatchTokensFamily):
     name = "latte"
     class_names = ("LatteTransformer3DModel",)
-    split_by_plan = True
+    tokens_enter = "transformer_blocks.0"
+    #: The temporal blocks' timestep table, one row per (sample, token): see the module docstring.
+    per_token_plan = {"temporal_transformer_blocks.*": {"timestep": ContextParallelInput(split_dim=0, expected_dims=2)}}
+    attention_layers = ("transformer_blocks.*.attn1",)
 
-    def grid(self, model, latent, inputs):
-        patch = model.config.patch_size
-        return Grid(rows=latent.shape[-2] // patch, cols=latent.shape[-1] // patch)
 
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def split_plan(self, model):
-        return {
-            "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "temporal_transformer_blocks.*": {"timestep": ContextParallelInput(split_dim=0, expected_dims=2)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.transformer_blocks)]
 
     def component_units(self, model):
         names = []

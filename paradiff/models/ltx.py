@@ -28,6 +28,7 @@ _ROTARY = ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)
 class LTXFamily(DenoiserFamily):
     name = "ltx"
     class_names = ("LTXVideoTransformer3DModel",)
+    attention_layers = ("transformer_blocks.*.attn1",)
     split_by_plan = True
     block_stack = BlockStack(lists=("transformer_blocks",), per_token={"image_rotary_emb": _ROTARY})
 
@@ -45,6 +46,3 @@ class LTXFamily(DenoiserFamily):
             "rope": {0: _ROTARY, 1: _ROTARY},
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
         }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.transformer_blocks)]

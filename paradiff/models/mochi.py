@@ -19,36 +19,20 @@ rows are frames × rows of patches, whole rows of the video in token order.
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput, ContextParallelOutput
-from .base import BlockStack, DenoiserFamily, Grid
-
-_ROTARY = ContextParallelInput(split_dim=0, expected_dims=3, split_output=True)
+from ..compat import ContextParallelInput
+from .base import BlockStack, PatchTokensFamily, rotary_outputs
 
 
-class MochiFamily(DenoiserFamily):
+class MochiFamily(PatchTokensFamily):
     name = "mochi"
     class_names = ("MochiTransformer3DModel",)
-    split_by_plan = True
+    tokens_enter = "transformer_blocks.0"
+    per_token_plan = {"rope": rotary_outputs(dims=3)}
+    attention_layers = ("transformer_blocks.*.attn1",)
+    frames_dim = -3
     joint_text_first = False
     block_stack = BlockStack(
         lists=("transformer_blocks",),
         text_arg="encoder_hidden_states",
         per_token={"image_rotary_emb": ContextParallelInput(split_dim=0)},
     )
-
-    def grid(self, model, latent, inputs):
-        patch = model.config.patch_size
-        return Grid(rows=latent.shape[-3] * (latent.shape[-2] // patch), cols=latent.shape[-1] // patch)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size
-
-    def split_plan(self, model):
-        return {
-            "rope": {0: _ROTARY, 1: _ROTARY},
-            "transformer_blocks.0": {"hidden_states": ContextParallelInput(split_dim=1, expected_dims=3)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn1", block.attn1) for i, block in enumerate(model.transformer_blocks)]

@@ -25,6 +25,7 @@ _TABLE = ContextParallelInput(split_dim=0, expected_dims=2, split_output=True)
 class QwenImageFamily(DenoiserFamily):
     name = "qwenimage"
     class_names = ("QwenImageTransformer2DModel",)
+    attention_layers = ("transformer_blocks.*.attn",)
     split_by_plan = True
     joint_text_first = True
     context_parallel = True
@@ -72,6 +73,3 @@ class QwenImageFamily(DenoiserFamily):
             "pos_embed": {0: _TABLE},
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
         }
-
-    def self_attention(self, model):
-        return [(f"transformer_blocks.{i}.attn", block.attn) for i, block in enumerate(model.transformer_blocks)]

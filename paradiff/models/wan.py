@@ -21,22 +21,15 @@ The grid's rows are frames × rows of patches: whole rows of the video in token 
 from __future__ import annotations
 
 from ..compat import ContextParallelInput, shipped_context_parallel_plan
-from .base import BlockStack, DenoiserFamily, Grid
+from .base import BlockStack, PatchTokensFamily
 
 
-class WanFamily(DenoiserFamily):
+class WanFamily(PatchTokensFamily):
     name = "wan"
     class_names = ("WanTransformer3DModel",)
-    split_by_plan = True
+    frames_dim = -3
     context_parallel = True
     block_stack = BlockStack(lists=("blocks",), per_token={"rotary_emb": ContextParallelInput(split_dim=1)})
-
-    def grid(self, model, latent, inputs):
-        frames, rows, cols = model.config.patch_size
-        return Grid(rows=latent.shape[-3] // frames * (latent.shape[-2] // rows), cols=latent.shape[-1] // cols)
-
-    def pixels_per_row(self, model, vae_scale_factor):
-        return vae_scale_factor * model.config.patch_size[1]
 
     def context_parallel_plan(self, model):
         return shipped_context_parallel_plan(model)
