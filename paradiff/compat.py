@@ -47,6 +47,7 @@ __all__ = [
     "clear_parallel_config",
     "context_parallel_backend_available",
     "context_parallel_backends",
+    "dispatch_attention_fn",
     "flux_qkv_projections",
     "invalidate_hook_cache",
     "loop_length",

@@ -115,7 +115,8 @@ def test_the_families_run_what_the_matrix_says():
     assert runs["asyncdiff"] == names - {"chroma", "flux2"}
     dits = {"qwenimage", "cogview4", "wan", "cogvideox", "hunyuanvideo", "ltx", "mochi", "allegro"}
     assert runs["pipefusion"] == dits
-    assert runs["ulysses"] == {"qwenimage", "flux2", "wan"}
+    # diffusers' plans (Qwen-Image, Wan, Flux.2) and family plans with the stock processors' attention dispatched
+    assert runs["ulysses"] == {"qwenimage", "flux2", "wan", "cogvideox", "cogview4", "auraflow", "hunyuandit", "latte"}
 
 
 @pytest.mark.parametrize("options", [{}, {"cfg_parallel": True}], ids=["patch", "patch-x-cfg"])

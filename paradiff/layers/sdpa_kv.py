@@ -1,12 +1,10 @@
 """Keys and values completed where attention is computed, whatever processor the layer runs.
 
-A DiT's attention processor projects Q/K/V, normalises them per head, applies its rotary
-embedding (in 1, 2 or 3 dimensions), and calls PyTorch's ``scaled_dot_product_attention``, directly
-or through diffusers' dispatcher (the ``native`` backend). :class:`SDPACompletionHook` puts a
-``TorchFunctionMode`` around one attention layer's forward that catches that call and completes its
-keys and values to every rank's tokens (this step's during warm-up, last step's afterwards). The
-processor's own maths is untouched, so every family whose tokens are split by a plan runs the same
-code, and each rank's tokens keep the rotary positions the plan gave them.
+:class:`SDPACompletionHook` catches one attention layer's ``scaled_dot_product_attention`` calls
+(``paradiff.layers.sdpa``) and completes their keys and values to every rank's tokens (this step's
+during warm-up, last step's afterwards), after whatever projections, norms and rotary embeddings the
+processor applied. The processor's own maths is untouched, so every family whose tokens are split by
+a plan runs the same code, and each rank's tokens keep the rotary positions the plan gave them.
 
 Full attention (no mask) does not depend on the order of the keys, so the pieces are concatenated
 in rank order whatever the tokens are: image rows, frames, or prompt tokens split along with them.
@@ -18,13 +16,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from diffusers.hooks import ModelHook
-from torch.overrides import TorchFunctionMode
 
 from ..errors import ParadiffError
-
-#: ``scaled_dot_product_attention``'s arguments, in order.
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+from .sdpa import SDPAHook
 
 
 class JointText:
@@ -59,39 +53,7 @@ class JointText:
         return torch.cat([text_part, image_part] if self.first else [image_part, text_part], dim=dim)
 
 
-class _CompleteKeysAndValues(TorchFunctionMode):
-    """Catches ``scaled_dot_product_attention`` and hands it completed keys and values."""
-
-    def __init__(self, hook: SDPACompletionHook):
-        super().__init__()
-        self.hook, self.calls = hook, 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        hook = self.hook
-        kwargs = {**dict(zip(_SDPA_ARGS, args, strict=False)), **kwargs}
-        query, key, value = (kwargs.pop(name) for name in _SDPA_ARGS[:3])
-        if kwargs.get("is_causal"):
-            raise ParadiffError(f"attention '{hook.name}' is causal, which the {hook.strategy} strategy cannot split")
-        key_part, value_part = hook.completers(self.calls)
-        self.calls += 1
-        local_keys = key.shape[-2]
-        text = hook.text
-        if text.first is not None:
-            key_text, key_image = text.split(key)
-            value_text, value_image = text.split(value)
-            key = text.join(key_text, key_part.complete(key_image, token_dim=-2))
-            value = text.join(value_text, value_part.complete(value_image, token_dim=-2))
-        else:
-            key, value = key_part.complete(key, token_dim=-2), value_part.complete(value, token_dim=-2)
-        if kwargs.get("attn_mask") is not None:
-            kwargs["attn_mask"] = hook.complete_mask(kwargs["attn_mask"], local_keys, key.shape[-2])
-        return func(query, key, value, **kwargs)
-
-
-class SDPACompletionHook(ModelHook):
+class SDPACompletionHook(SDPAHook):
     """On one attention layer: its ``scaled_dot_product_attention`` calls attend to every rank's tokens.
 
     ``make_pair(name)`` makes the key and value completers of the layer's ``n``-th attention call
@@ -99,8 +61,8 @@ class SDPACompletionHook(ModelHook):
     """
 
     def __init__(self, name: str, strategy: str, make_pair: Callable[[str], tuple], text: JointText):
-        super().__init__()
-        self.name, self.strategy, self.make_pair, self.text = name, strategy, make_pair, text
+        super().__init__(name)
+        self.strategy, self.make_pair, self.text = strategy, make_pair, text
         self.pairs: list[tuple] = []
 
     def complete_mask(self, mask: torch.Tensor, local_keys: int, keys: int) -> torch.Tensor | None:
@@ -132,6 +94,18 @@ class SDPACompletionHook(ModelHook):
             self.pairs.append(self.make_pair(f"{self.name}.{len(self.pairs)}"))
         return self.pairs[call]
 
-    def new_forward(self, module, *args, **kwargs):
-        with _CompleteKeysAndValues(self):
-            return self.fn_ref.original_forward(*args, **kwargs)
+    def attend(self, call, query, key, value, options):
+        if options.get("is_causal"):
+            raise ParadiffError(f"attention '{self.name}' is causal, which the {self.strategy} strategy cannot split")
+        key_part, value_part = self.completers(call)
+        local_keys, text = key.shape[-2], self.text
+        if text.first is not None:
+            key_text, key_image = text.split(key)
+            value_text, value_image = text.split(value)
+            key = text.join(key_text, key_part.complete(key_image, token_dim=-2))
+            value = text.join(value_text, value_part.complete(value_image, token_dim=-2))
+        else:
+            key, value = key_part.complete(key, token_dim=-2), value_part.complete(value, token_dim=-2)
+        if options.get("attn_mask") is not None:
+            options["attn_mask"] = self.complete_mask(options["attn_mask"], local_keys, key.shape[-2])
+        return F.scaled_dot_product_attention(query, key, value, **options)

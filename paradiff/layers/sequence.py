@@ -89,6 +89,15 @@ def _masks_some(mask) -> bool:
     return isinstance(mask, torch.Tensor) and not bool(mask.bool().all())
 
 
+def attention_traffic(module, args, kwargs, size: int, sequence_dim: str) -> int:
+    """Bytes a rank sends in one call of attention layer ``module`` under diffusers' Ulysses or ring."""
+    inputs = bind_inputs(module, args, kwargs).arguments
+    hidden, text = inputs["hidden_states"], inputs.get("encoder_hidden_states")
+    tokens = hidden.shape[1] + (0 if text is None else text.shape[1])
+    piece = hidden.shape[0] * tokens * module.inner_dim * hidden.element_size()  # one of Q, K, V, output
+    return 4 * piece * (size - 1) // size if sequence_dim == "ulysses" else 2 * piece * (size - 1)
+
+
 class AttentionTrafficHook(ModelHook):
     """On an attention layer diffusers runs in parallel: counts the bytes this rank sends per call."""
 
@@ -97,11 +106,5 @@ class AttentionTrafficHook(ModelHook):
         self.comm, self.sequence_dim = comm, sequence_dim
 
     def pre_forward(self, module, *args, **kwargs):
-        inputs = bind_inputs(module, args, kwargs).arguments
-        hidden, text = inputs["hidden_states"], inputs.get("encoder_hidden_states")
-        tokens = hidden.shape[1] + (0 if text is None else text.shape[1])
-        piece = hidden.shape[0] * tokens * module.inner_dim * hidden.element_size()  # one of Q, K, V, output
-        size = self.comm.size
-        sent = 4 * piece * (size - 1) // size if self.sequence_dim == "ulysses" else 2 * piece * (size - 1)
-        self.comm.record(SYNC, sent)
+        self.comm.record(SYNC, attention_traffic(module, args, kwargs, self.comm.size, self.sequence_dim))
         return args, kwargs

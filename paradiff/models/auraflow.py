@@ -27,6 +27,9 @@ class AuraFlowFamily(PatchTokensFamily):
     class_names = ("AuraFlowTransformer2DModel",)
     tokens_enter = "joint_transformer_blocks.0"
     attention_layers = ("joint_transformer_blocks.*.attn", "single_transformer_blocks.*.attn")
+    context_parallel = True
+    context_parallel_sdpa = True
+    context_parallel_text_arg = "encoder_hidden_states"
     joint_text_first = True
 
     def split_plan(self, model):

@@ -165,6 +165,9 @@ class DenoiserFamily:
     #: attention: text and image tokens attend to each other); None: text stays whole on every rank.
     context_parallel_text_arg: str | None = None
 
+    #: Whether the processors of :meth:`self_attention` call PyTorch's ``scaled_dot_product_attention``
+    #: themselves: under diffusers' context parallelism each such call is handed to diffusers' dispatcher.
+    context_parallel_sdpa: bool = False
     #: Forward arguments holding a mask over prompt tokens that the context-parallel plan cuts (diffusers'
     #: Ulysses must then extend it over the keys it gathers, which older releases do not).
     context_parallel_mask_args: tuple[str, ...] = ()
@@ -279,9 +282,25 @@ class PatchTokensFamily(DenoiserFamily):
             return super().split_plan(model)
         return {**self.per_token_plan, self.tokens_enter: {"hidden_states": IMAGE_TOKENS}, "proj_out": JOINED_TOKENS}
 
+    def context_parallel_plan(self, model):
+        """The displaced strategies' plan, with the prompt cut too where it joins the image tokens in attention
+        (:attr:`context_parallel_text_arg`): diffusers' Ulysses and ring attend over whatever every rank holds."""
+        if self.tokens_enter is None or not self.context_parallel:
+            return super().context_parallel_plan(model)
+        plan = self.split_plan(model)
+        if self.context_parallel_text_arg:
+            plan[self.tokens_enter] = {**plan[self.tokens_enter], self.context_parallel_text_arg: IMAGE_TOKENS}
+        return plan
+
 
 def rotary_outputs(dims: int = 2) -> dict:
     """A plan's entry for a module returning a rotary table ``(cos, sin)``, one row per image token along dim 0."""
     table = ContextParallelInput(split_dim=0, expected_dims=dims, split_output=True)
     return {0: table, 1: table}
+
+
+def rotary_input(dims: int = 2) -> tuple:
+    """A plan's spec for an input holding a rotary table ``(cos, sin)``, one row per image token along dim 0."""
+    table = ContextParallelInput(split_dim=0, expected_dims=dims)
+    return (table, table)
 

@@ -17,15 +17,18 @@ rows are frames × rows of patches, whole rows of the video in token order.
 from __future__ import annotations
 
 from ..compat import ContextParallelInput
-from .base import BlockStack, PatchTokensFamily
+from .base import BlockStack, PatchTokensFamily, rotary_input
 
 
 class CogVideoXFamily(PatchTokensFamily):
     name = "cogvideox"
     class_names = ("CogVideoXTransformer3DModel",)
     tokens_enter = "transformer_blocks.0"
-    per_token_plan = {"": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)}}
+    per_token_plan = {"": {"image_rotary_emb": rotary_input()}}
     attention_layers = ("transformer_blocks.*.attn1",)
+    context_parallel = True
+    context_parallel_sdpa = True
+    context_parallel_text_arg = "encoder_hidden_states"
     frames_dim = 1
     joint_text_first = True
     block_stack = BlockStack(

@@ -26,6 +26,9 @@ class CogView4Family(PatchTokensFamily):
     tokens_enter = "transformer_blocks.0"
     per_token_plan = {"rope": rotary_outputs()}
     attention_layers = ("transformer_blocks.*.attn1",)
+    context_parallel = True
+    context_parallel_sdpa = True
+    context_parallel_text_arg = "encoder_hidden_states"
     joint_text_first = True
     block_stack = BlockStack(
         lists=("transformer_blocks",),

@@ -12,13 +12,14 @@ Under diffusers' context parallelism (``ulysses``/``ring``) the same two places 
 image tokens (diffusers ships no context-parallel plan for these classes, so the plan is declared here).
 PixArt's cross-attention runs on each rank's own queries against the whole prompt, which is exact
 without any exchange; SD3's joint attention mixes text and image, so its text tokens are split too.
+The stock processors call PyTorch's attention themselves: that call is handed to diffusers'
+dispatcher, which runs Ulysses or ring (``paradiff.layers.sdpa_dispatch``).
 """
 
 from __future__ import annotations
 
 from ..compat import ContextParallelInput, ContextParallelOutput
 from .base import BlockStack, DenoiserFamily, Grid, random_tokens
-from .cp_attention import ContextParallelAttnProcessor, ContextParallelJointAttnProcessor
 
 #: Split a module's single ``(batch, tokens, channels)`` output along the tokens.
 _SPLIT_TOKENS = {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)}
@@ -29,10 +30,10 @@ class PatchEmbedDiTFamily(DenoiserFamily):
     output_module = "proj_out"
     output_dim = 1
     context_parallel = True
+    #: The stock processors (``AttnProcessor2_0``, ``JointAttnProcessor2_0``) call PyTorch's attention themselves.
+    context_parallel_sdpa = True
     #: Module whose output is the text token sequence, split under context parallelism; None: kept whole.
     text_module: str | None = None
-    #: Processor that runs this family's image-mixing attention under context parallelism.
-    context_parallel_processor = ContextParallelAttnProcessor
 
     def grid(self, model, latent, inputs):
         patch = model.config.patch_size
@@ -49,10 +50,6 @@ class PatchEmbedDiTFamily(DenoiserFamily):
         if self.text_module:
             plan[self.text_module] = _SPLIT_TOKENS
         return plan
-
-    def context_parallel_processors(self, model):
-        replace = self.context_parallel_processor.replacing
-        return [(attn, replace(name, attn)) for name, attn in self.self_attention(model)]
 
 
 class PixArtFamily(PatchEmbedDiTFamily):
@@ -74,7 +71,6 @@ class SD3Family(PatchEmbedDiTFamily):
     class_names = ("SD3Transformer2DModel",)
     text_module = "context_embedder"
     context_parallel_text_arg = "encoder_hidden_states"
-    context_parallel_processor = ContextParallelJointAttnProcessor
     block_stack = BlockStack(
         lists=("transformer_blocks",),
         text_arg="encoder_hidden_states",

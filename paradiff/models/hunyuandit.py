@@ -17,16 +17,17 @@ through :meth:`component_units`, not a :class:`BlockStack`: a pipeline of stages
 
 from __future__ import annotations
 
-from ..compat import ContextParallelInput
-from .base import ComponentUnits, PatchTokensFamily
+from .base import ComponentUnits, PatchTokensFamily, rotary_input
 
 
 class HunyuanDiTFamily(PatchTokensFamily):
     name = "hunyuandit"
     class_names = ("HunyuanDiT2DModel",)
     tokens_enter = "blocks.0"
-    per_token_plan = {"": {"image_rotary_emb": ContextParallelInput(split_dim=0, expected_dims=2)}}
+    per_token_plan = {"": {"image_rotary_emb": rotary_input()}}
     attention_layers = ("blocks.*.attn1",)
+    context_parallel = True
+    context_parallel_sdpa = True
 
 
 

@@ -34,6 +34,8 @@ class LatteFamily(PatchTokensFamily):
     #: The temporal blocks' timestep table, one row per (sample, token): see the module docstring.
     per_token_plan = {"temporal_transformer_blocks.*": {"timestep": ContextParallelInput(split_dim=0, expected_dims=2)}}
     attention_layers = ("transformer_blocks.*.attn1",)
+    context_parallel = True
+    context_parallel_sdpa = True
 
 
 

@@ -5,8 +5,10 @@ either swaps tokens for heads with all-to-alls (Ulysses: every rank attends over
 with H/D heads) or passes the keys and values around the ring, merging partial attentions by their
 log-sum-exp (ring). Exact at every step, so ``warmup_steps`` changes nothing. paradiff only sets it
 up: ``ContextParallelConfig`` and ``model.enable_parallelism(config=..., cp_plan=...)``, with the plan
-and, where the stock processor bypasses diffusers' attention dispatcher, a processor that does not
-(both declared per family in ``paradiff.models``; this module knows no model class).
+and, where the stock processor bypasses diffusers' attention dispatcher, a processor that does not, or
+a hook that hands the stock processor's own attention call to the dispatcher
+(``paradiff.layers.sdpa_dispatch``); the family in ``paradiff.models`` declares which (this module
+knows no model class).
 
 Running it on CPU ranks (gloo). diffusers builds its mesh for an accelerator: from diffusers 0.41 on,
 ``enable_parallelism`` computes the device as ``rank % torch.accelerator.device_count()`` (a
@@ -55,6 +57,7 @@ from ..compat import (
     recording_parallel_config,
 )
 from ..errors import ParadiffError
+from ..layers.sdpa_dispatch import DispatchedSDPAHook
 from ..layers.sequence import AttentionTrafficHook, SequenceCheckHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
@@ -118,8 +121,12 @@ class SequenceStrategy(Strategy):
             denoiser.enable_parallelism(config=config, cp_plan=plan)
         installed.on_remove(lambda: clear_parallel_config(denoiser, config))
         installed.on_remove(lambda: remove_context_parallel(denoiser, plan))
-        for _, attn in family.self_attention(denoiser):
-            installed.hook(attn, AttentionTrafficHook(comm, self.sequence_dim))
+        backend = active_attention_backend(denoiser)
+        for name, attn in family.self_attention(denoiser):
+            if family.context_parallel_sdpa:  # a processor that calls PyTorch's attention: into diffusers' dispatcher
+                installed.hook(attn, DispatchedSDPAHook(name, config, backend, comm, self.sequence_dim))
+            else:
+                installed.hook(attn, AttentionTrafficHook(comm, self.sequence_dim))
         installed.hook(denoiser, SequenceCheckHook(self.name, family, comm, vae_scale_factor))  # outside the plan's
         return installed.done()
 
