@@ -11,6 +11,7 @@ fails.
 from __future__ import annotations
 
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ from family_pipelines_image import IMAGE_FAMILIES, build_image_pipeline
 from family_pipelines_video import VIDEO_FAMILIES, build_video_pipeline
 
 import paradiff
-from paradiff.compat import ulysses_gathers_key_masks
+from paradiff.compat import ContextParallelInput, ulysses_gathers_key_masks
 from paradiff.errors import ParadiffError
+from paradiff.layers.token_plan import split_piece
 from paradiff.models import family_of
 from paradiff.pipeline import find_denoiser
 from paradiff.strategies import strategy_class
@@ -206,3 +208,12 @@ def test_a_video_vae_decodes_on_one_rank_for_all(pool2, name):
         np.testing.assert_array_equal(result["output"], results[0]["output"])
     sent = [result["stats"]["vae_decode_bytes"] for result in results]
     assert sent[0] >= results[0]["output"].size * 4 and sent[1] == 0  # rank 0 sent the frames (fp32), rank 1 nothing
+
+
+def test_tokens_that_do_not_divide_name_the_fix():
+    comm = SimpleNamespace(size=3, rank=0)
+    spec = ContextParallelInput(split_dim=1, expected_dims=3)
+    with pytest.raises(ParadiffError, match=r"the 32 tokens of 'blocks.0' input .* 3 equal pieces; .*'parastep'"):
+        split_piece(torch.zeros(1, 32, 8), spec, comm, "'blocks.0' input 'hidden_states'")
+    second_half = split_piece(torch.arange(4.0).view(1, 4, 1), spec, SimpleNamespace(size=2, rank=1), "")
+    assert second_half.flatten().tolist() == [2.0, 3.0]

@@ -32,7 +32,8 @@ def split_piece(tensor: torch.Tensor, spec: ContextParallelInput, comm: Communic
     if length % comm.size:
         raise ParadiffError(
             f"the {length} tokens of {where} do not divide into {comm.size} equal pieces; choose a height, width "
-            f"(or frame count, prompt length) that gives a multiple of {comm.size} tokens"
+            f"(or frame count, prompt length) that gives a multiple of {comm.size} tokens, or a strategy that cuts "
+            "no tokens (strategy='parastep', 'asyncdiff' or 'cfg')"
         )
     piece = length // comm.size
     return tensor.narrow(spec.split_dim, comm.rank * piece, piece)

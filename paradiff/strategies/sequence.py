@@ -145,7 +145,7 @@ class UlyssesStrategy(SequenceStrategy):
             raise ParadiffError(
                 f"strategy='ulysses' gives each of the {degree} ranks whole attention heads, but "
                 f"{type(denoiser).__name__} has {heads} heads, which is not divisible by {degree}; "
-                f"{fix}use strategy='ring'"
+                f"{fix}use strategy='ring' (or {strategies_for(family)} on {degree} ranks)"
             )
 
 
