@@ -34,6 +34,15 @@ def test_unknown_option(sd_pipe):
         ({"warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
         ({"partial_context": 1.5}, r"partial_context must be None or within \[0, 1\]"),
         ({"timeout_s": 0}, "timeout_s must be positive"),
+        # booleans are integers to Python; strings would meet a bare comparison error
+        ({"warmup_steps": True}, "warmup_steps must be an integer >= 0, got True"),
+        ({"timeout_s": "x"}, "timeout_s must be positive, got 'x'"),
+        ({"partial_context": True}, r"partial_context must be None or within \[0, 1\], got True"),
+        ({"partial_context": "x"}, r"partial_context must be None or within \[0, 1\], got 'x'"),
+        ({"bucket_limit_bytes": False}, "bucket_limit_bytes must be an integer >= 0, got False"),
+        ({"strategy": "pipefusion", "pipefusion_patches": True}, "pipefusion_patches must be None or an integer >= 1"),
+        ({"strategy": "pipefusion", "pipefusion_stages": (True, 1)}, r"pipefusion_stages must be None or the number"),
+        ({"strategy": "asyncdiff", "asyncdiff_cut": (True, 2)}, r"asyncdiff_cut must be None or the number"),
     ],
 )
 def test_bad_option_values(sd_pipe, options, message):

@@ -23,7 +23,7 @@ from ..errors import ParadiffError
 from ..layers.components import ComponentCall, ComponentCallHook, UnitHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
-from .base import Strategy, StrategyOptions
+from .base import Strategy, StrategyOptions, is_counts
 from .installation import Installation
 from .stage_cut import balanced_cut, mean_over_ranks
 from .support import strategies_for, supported_classes
@@ -48,7 +48,7 @@ class AsyncDiffOptions(StrategyOptions):
             raise ParadiffError(f"asyncdiff_stride must be 1 or 2, got {self.asyncdiff_stride!r}")
         cut = self.asyncdiff_cut
         if cut is not None:
-            if not isinstance(cut, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in cut):
+            if not is_counts(cut, 1):
                 raise ParadiffError(
                     f"asyncdiff_cut must be None or the number of units of each component (integers >= 1), got {cut!r}"
                 )

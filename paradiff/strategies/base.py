@@ -42,6 +42,16 @@ class StrategyOptions:
         return tuple(field.name for field in dataclasses.fields(cls))
 
 
+def is_count(value, least: int) -> bool:
+    """Whether ``value`` is an integer of at least ``least`` (a bool is not: ``True`` would pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def is_counts(value, least: int) -> bool:
+    """Whether ``value`` is a tuple or list of integers of at least ``least``."""
+    return isinstance(value, (tuple, list)) and all(is_count(n, least) for n in value)
+
+
 class Strategy:
     """How a denoiser's work is split over the D ranks of a group (within each CFG half)."""
 

@@ -21,7 +21,7 @@ from ..layers.split import BandSplitHook, TokenGatherHook, TokenSliceHook, band_
 from ..layers.token_plan import plan_hooks
 from ..models import DenoiserFamily, family_of
 from ..runtime.comm import BUCKET_LIMIT_BYTES, Communicator
-from .base import Strategy, StrategyOptions
+from .base import Strategy, StrategyOptions, is_count
 from .installation import Installation
 
 
@@ -41,9 +41,11 @@ class PatchOptions(StrategyOptions):
     bucket_limit_bytes: int = BUCKET_LIMIT_BYTES
 
     def __post_init__(self):
-        if self.partial_context is not None and not 0.0 <= self.partial_context <= 1.0:
+        context = self.partial_context
+        fraction = isinstance(context, (int, float)) and not isinstance(context, bool) and 0 <= context <= 1
+        if context is not None and not fraction:
             raise ParadiffError(f"partial_context must be None or within [0, 1], got {self.partial_context!r}")
-        if not isinstance(self.bucket_limit_bytes, int) or self.bucket_limit_bytes < 0:
+        if not is_count(self.bucket_limit_bytes, 0):
             raise ParadiffError(f"bucket_limit_bytes must be an integer >= 0, got {self.bucket_limit_bytes!r}")
 
 

@@ -44,7 +44,7 @@ from ..layers.stages import (
 )
 from ..models import DenoiserFamily, family_of
 from ..runtime.comm import Communicator
-from .base import Strategy, StrategyOptions
+from .base import Strategy, StrategyOptions, is_count, is_counts
 from .installation import Installation
 from .stage_cut import balanced_cut, measured_costs
 from .support import strategies_for, supported_classes
@@ -68,10 +68,10 @@ class PipeFusionOptions(StrategyOptions):
 
     def __post_init__(self):
         patches, stages = self.pipefusion_patches, self.pipefusion_stages
-        if patches is not None and (not isinstance(patches, int) or patches < 1):
+        if patches is not None and not is_count(patches, 1):
             raise ParadiffError(f"pipefusion_patches must be None or an integer >= 1, got {patches!r}")
         if stages is not None:
-            if not isinstance(stages, (tuple, list)) or not all(isinstance(n, int) and n >= 1 for n in stages):
+            if not is_counts(stages, 1):
                 raise ParadiffError(
                     f"pipefusion_stages must be None or the number of blocks of each stage (integers >= 1), "
                     f"got {stages!r}"
