@@ -217,3 +217,11 @@ def test_tokens_that_do_not_divide_name_the_fix():
         split_piece(torch.zeros(1, 32, 8), spec, comm, "'blocks.0' input 'hidden_states'")
     second_half = split_piece(torch.arange(4.0).view(1, 4, 1), spec, SimpleNamespace(size=2, rank=1), "")
     assert second_half.flatten().tolist() == [2.0, 3.0]
+
+
+def test_pcpp_on_tokens_cut_by_a_plan_is_refused_before_any_collective(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # no process group exists: it must fail before creating one
+    pipe, _ = build("wan")
+    with pytest.raises(ParadiffError, match=r"partial_context needs the image's row bands, and the wan model's"):
+        paradiff.parallelize(pipe, strategy="patch", partial_context=0.5)
+    assert not torch.distributed.is_initialized() and not hasattr(pipe, "_paradiff")

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..compat import CallContextHook, block_returns_image_first
 from ..errors import ParadiffError
-from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs
+from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs, map_by_spec
 from ..runtime.comm import Communicator
 from ..runtime.stage_link import StageLink
 from ..runtime.step_state import RowPartition
@@ -261,15 +261,14 @@ def _cut_per_token(value, spec, image_tokens: int, span: slice):
     ``spec`` says where its tokens lie (``BlockStack.per_token``); entries before the image tokens' (the
     text tokens' in a joint table) are kept.
     """
-    if spec is None:
-        return value
-    if isinstance(value, (tuple, list)):
-        specs = spec if isinstance(spec, (tuple, list)) else [spec] * len(value)
-        return type(value)(_cut_per_token(v, s, image_tokens, span) for v, s in zip(value, specs, strict=True))
-    dim = spec.split_dim
-    text = value.shape[dim] - image_tokens
-    patch = value.narrow(dim, text + span.start, span.stop - span.start)
-    return torch.cat([value.narrow(dim, 0, text), patch], dim=dim) if text else patch
+
+    def cut(table: torch.Tensor, one) -> torch.Tensor:
+        dim = one.split_dim
+        text = table.shape[dim] - image_tokens
+        patch = table.narrow(dim, text + span.start, span.stop - span.start)
+        return torch.cat([table.narrow(dim, 0, text), patch], dim=dim) if text else patch
+
+    return map_by_spec(value, spec, cut)
 
 
 def stage_blocks(model: nn.Module, stack: BlockStack) -> list[tuple[str, nn.Module]]:

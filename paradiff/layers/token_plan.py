@@ -7,18 +7,20 @@ here with paradiff's communicator, so that the split follows the call's step sta
 ends the call (and sends the call's displaced data). Same semantics as diffusers': a tensor whose
 number of dimensions differs from ``expected_dims`` is left whole. One extension: the spec of a
 tuple input may itself be a tuple of specs (or ``None``) that mirrors the value's structure, for
-inputs where only some parts are per token (:func:`_split_value`); and ``PromptThenImage`` cuts only
+inputs where only some parts are per token (``paradiff.models.base.map_by_spec``); and ``PromptThenImage`` cuts only
 the image part of an input that also holds the prompt's entries.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from diffusers.hooks import ModelHook
 
 from ..compat import CallContextHook, ContextParallelInput, ContextParallelOutput
 from ..errors import ParadiffError
-from ..models.base import DenoiserFamily, PromptThenImage, bind_inputs, modules_matching
+from ..models.base import DenoiserFamily, PromptThenImage, bind_inputs, map_by_spec, modules_matching
 from ..runtime.comm import Communicator
 from .sdpa_kv import JointText
 from .split import output_sample, replace_output_sample
@@ -39,24 +41,6 @@ def split_piece(tensor: torch.Tensor, spec: ContextParallelInput, comm: Communic
     return tensor.narrow(spec.split_dim, comm.rank * piece, piece)
 
 
-def _split_value(value, spec, comm: Communicator, what: str):
-    """``value`` cut by ``spec``: a tensor by its spec; a tuple or list element-wise, by the one spec given for
-    every element (a rotary table's ``(cos, sin)``) or by a tuple of specs that mirrors the value's structure
-    (``None`` leaves an element whole: Allegro's ``((freqs_t, freqs_h, freqs_w), (grid_t, grid_h, grid_w))``
-    takes ``(None, (grid, grid, grid))``); anything else as it is."""
-    if spec is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return split_piece(value, spec, comm, what) if isinstance(spec, ContextParallelInput) else value
-    if isinstance(value, (tuple, list)):
-        specs = spec if isinstance(spec, (tuple, list)) else (spec,) * len(value)
-        if len(specs) != len(value):
-            raise ParadiffError(f"{what} has {len(value)} parts, but the plan gives {len(specs)} specs for them")
-        parts = enumerate(zip(value, specs, strict=True))
-        return type(value)(_split_value(v, s, comm, f"{what}[{i}]") for i, (v, s) in parts)
-    return value
-
-
 def _split_inputs(module, args, kwargs, specs: dict, comm: Communicator, where: str, text: JointText):
     """``args, kwargs`` with the tensors ``specs`` names (by position or name) cut to this rank's piece.
 
@@ -73,7 +57,7 @@ def _split_inputs(module, args, kwargs, specs: dict, comm: Communicator, where: 
             piece = split_piece(image_part, ContextParallelInput(split_dim=spec.split_dim), comm, what)
             bound.arguments[name] = torch.cat([prompt, piece], dim=spec.split_dim)
             continue
-        bound.arguments[name] = _split_value(value, spec, comm, what)
+        bound.arguments[name] = map_by_spec(value, spec, partial(split_piece, comm=comm, where=what))
         if name == "hidden_states" and isinstance(value, torch.Tensor):
             text.image_tokens = bound.arguments[name].shape[1]
     return bound.args, bound.kwargs

@@ -293,6 +293,22 @@ class PatchTokensFamily(DenoiserFamily):
         return plan
 
 
+def map_by_spec(value, spec, cut):
+    """``value`` with ``cut(tensor, spec)`` applied where a plan's spec says: a tensor by its spec; a tuple or
+    list element-wise, by the one spec given for every element (a rotary table's ``(cos, sin)``) or by a tuple of
+    specs mirroring the value (``None`` keeps an element whole: Allegro's ``((freqs...), (grids...))`` takes
+    ``(None, (grid, grid, grid))``); anything else as it is."""
+    if spec is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return cut(value, spec) if isinstance(spec, ContextParallelInput) else value
+    if isinstance(value, (tuple, list)):
+        specs = spec if isinstance(spec, (tuple, list)) else (spec,) * len(value)
+        require(len(specs) == len(value), f"a plan gives {len(specs)} specs for an input of {len(value)} parts")
+        return type(value)(map_by_spec(v, s, cut) for v, s in zip(value, specs, strict=True))
+    return value
+
+
 def rotary_outputs(dims: int = 2) -> dict:
     """A plan's entry for a module returning a rotary table ``(cos, sin)``, one row per image token along dim 0."""
     table = ContextParallelInput(split_dim=0, expected_dims=dims, split_output=True)

@@ -59,6 +59,16 @@ class PatchStrategy(Strategy):
         cuts_inputs = type(family).split_inputs is not DenoiserFamily.split_inputs
         return family.described and (family.split_by_plan or family.token_module is not None or cuts_inputs)
 
+    @classmethod
+    def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
+        """Refuse, before any collective, a family it cannot cut, or PCPP on tokens not cut into row bands."""
+        super().check_model(denoiser, family, degree, config)
+        if family.split_by_plan and config.options.partial_context is not None:
+            raise ParadiffError(
+                f"partial_context needs the image's row bands, and the {family.name} model's tokens are cut into "
+                "contiguous pieces of its whole sequence; leave partial_context unset"
+            )
+
     def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
         """Fail before any work when ``height`` pixels cannot be cut into aligned bands."""
         family = family_of(denoiser)
@@ -107,11 +117,6 @@ class PatchStrategy(Strategy):
         self, installed: Installation, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator
     ) -> Installation:
         """Cut the token sequences where the family's plan says; complete K/V where attention is computed."""
-        if self.options.partial_context is not None:
-            raise ParadiffError(
-                f"partial_context needs the image's row bands, and the {family.name} model's tokens are cut into "
-                "contiguous pieces of its whole sequence; leave partial_context unset"
-            )
 
         def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
             return tuple(DisplacedKV(comm, f"{name}.{p}", None, None) for p in "kv")
