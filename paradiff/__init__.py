@@ -10,10 +10,10 @@ argument checks stay fast.
 from .config import ParallelConfig
 from .errors import ParadiffError
 
-__all__ = ["ParallelConfig", "ParadiffError", "comm_stats", "parallelize", "unparallelize"]
+__all__ = ["ParallelConfig", "ParadiffError", "check_parallelize", "comm_stats", "parallelize", "unparallelize"]
 __version__ = "0.1.0"
 
-_PIPELINE_API = ("comm_stats", "parallelize", "unparallelize")
+_PIPELINE_API = ("check_parallelize", "comm_stats", "parallelize", "unparallelize")
 
 
 def __getattr__(name: str):

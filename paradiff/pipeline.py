@@ -82,8 +82,8 @@ class ParallelState:
 
     def call(self, pipe, stock_call, args: tuple, kwargs: dict):
         if self.strategy is not None and kwargs.get("height") and not _may_resize(stock_call, kwargs):
-            comm = self.strategy_part.comm
-            self.strategy.check_height(self.denoiser, comm, kwargs["height"], _vae_scale_factor(pipe))
+            degree = self.strategy_part.comm.size
+            self.strategy.check_height(self.denoiser, degree, kwargs["height"], _vae_scale_factor(pipe))
         kwargs = agree_on_noise(kwargs, self.world)
         for part in self.parts:
             part.begin_run()
@@ -136,6 +136,37 @@ def _vae_scale_factor(pipe) -> int:
     return int(getattr(pipe, "vae_scale_factor", 8))
 
 
+def check_parallelize(
+    pipe,
+    strategy: str = "patch",
+    world_size: int | None = None,
+    height: int | None = None,
+    config: ParallelConfig | None = None,
+    **options,
+) -> None:
+    """Raise the :class:`ParadiffError` that ``parallelize`` (and a call at ``height`` pixels) would raise on
+    ``world_size`` ranks (default: the current world), without any collective or any change to ``pipe``.
+
+    Everything paradiff can refuse before work starts is checked here: the options, the world size, the
+    strategy against the denoiser and the pipeline, and the height against the strategy's cut. A launcher
+    calls it before drawing anything, so bad input costs no compute.
+    """
+    config = config or ParallelConfig.from_options(strategy, options)
+    denoiser = find_denoiser(pipe)
+    strategy_cls = strategy_class(config.strategy)
+    family = family_of(denoiser, any_model=strategy_cls.model_agnostic)  # the CFG split is model-agnostic too
+    world_size = env_world_size() if world_size is None else world_size
+    if world_size == 1:
+        return
+    cfg, degree = config.degrees(world_size)
+    if cfg > 1:
+        CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
+    if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
+        strategy_cls.check_model(denoiser, family, degree, config)
+        if height:
+            strategy_cls(config.options).check_height(denoiser, degree, height, _vae_scale_factor(pipe))
+
+
 def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = None, **options):
     """Make ``pipe(...)`` run on every rank of the current torch.distributed world.
 
@@ -147,17 +178,14 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     config = config or ParallelConfig.from_options(strategy, options)
     if isinstance(getattr(pipe, "_paradiff", None), ParallelState):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
-    denoiser = find_denoiser(pipe)
-    strategy_cls = strategy_class(config.strategy)
-    family = family_of(denoiser, any_model=strategy_cls.model_agnostic)  # the CFG split is model-agnostic too
     world_size = env_world_size()
+    check_parallelize(pipe, world_size=world_size, config=config)
     if world_size == 1:
         return pipe
-    cfg, degree = config.degrees(world_size)  # before any collective: a bad world fails on every rank
-    if cfg > 1:
-        CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
-    if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
-        strategy_cls.check_model(denoiser, family, degree, config)
+    denoiser = find_denoiser(pipe)
+    strategy_cls = strategy_class(config.strategy)
+    family = family_of(denoiser, any_model=strategy_cls.model_agnostic)
+    cfg, degree = config.degrees(world_size)
     groups = build_mesh(cfg, degree, timedelta(seconds=config.timeout_s))
     device = local_device()
     if device.type == "cuda" and denoiser.device != device:
@@ -175,9 +203,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if config.parallel_vae and isinstance(decoder, nn.Module):
         decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
     world = _exact_communicator(groups.world)
-    pipe._paradiff = ParallelState(
-        config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part
-    )
+    pipe._paradiff = ParallelState(config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part)
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
 

@@ -182,11 +182,11 @@ def test_split_cuts_batched_arguments_only():
             transformer,
             (),
             dict(
-        hidden_states=latent,
-        timestep=torch.tensor([1.0, 1.0]),
-        img_ids=torch.zeros(2, 3),  # 2 tokens: the same length as the batch
-        txt_ids=torch.zeros(2, 3),
-            joint_attention_kwargs={"extra": [torch.ones(2, 5)], "scale": 1.0},
+                hidden_states=latent,
+                timestep=torch.tensor([1.0, 1.0]),
+                img_ids=torch.zeros(2, 3),  # 2 tokens: the same length as the batch
+                txt_ids=torch.zeros(2, 3),
+                joint_attention_kwargs={"extra": [torch.ones(2, 5)], "scale": 1.0},
             ),
         )
     )

@@ -112,3 +112,22 @@ def test_resolution_binning_is_left_to_the_pipeline(pool2):
     # 264 px is not a multiple of 32 (8 VAE x 2 patch x 2 ranks), but PixArt bins it to 256 first
     for result in pool2.run(binned_height, 264):
         assert result["shape"][1:3] == (264, 264)  # the pipeline resizes its output back
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world", "height", "message"),
+    [
+        ("pipefusion", 2, None, "strategy='pipefusion' does not support UNet2DConditionModel"),
+        ("patch", 3, None, None),
+        ("patch", 2, 200, "height 200"),
+        ("cfg", 3, None, "runs the two CFG halves on 2 ranks, got a world of 3"),
+    ],
+)
+def test_check_parallelize_refuses_without_a_collective(sd_pipe, strategy, world, height, message):
+    before = type(sd_pipe)
+    if message is None:
+        paradiff.check_parallelize(sd_pipe, strategy, world_size=world, height=height)
+    else:
+        with pytest.raises(ParadiffError, match=message):
+            paradiff.check_parallelize(sd_pipe, strategy, world_size=world, height=height)
+    assert type(sd_pipe) is before and not hasattr(sd_pipe, "_paradiff")

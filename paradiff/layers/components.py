@@ -190,7 +190,6 @@ class ComponentCallHook(CallContextHook):
         return replace_output_sample(output, sample)
 
 
-
 class UnitHook(ModelHook):
     """On every unit: runs it, or returns its latest known output (received from its owner when this rank reads it)."""
 

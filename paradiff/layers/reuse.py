@@ -34,4 +34,3 @@ class StepReuseHook(CallContextHook):
         output = forward(*args, **kwargs)
         rounds.cache[slot] = (output, output_sample(output).detach().clone())
         return output
-

@@ -84,7 +84,6 @@ class SequenceCheckHook(CallContextHook):
         return output
 
 
-
 def _masks_some(mask) -> bool:
     return isinstance(mask, torch.Tensor) and not bool(mask.bool().all())
 

@@ -58,7 +58,6 @@ class BandSplitHook(CallContextHook):
         return replace_output_sample(output, self.comm.end_call(output_sample(output), self.family.output_dim))
 
 
-
 class TokenSliceHook(ModelHook):
     """On the module that produces the image tokens: keep the rank's rows of tokens."""
 

@@ -163,7 +163,6 @@ class PipelineCallHook(CallContextHook):
         return replace_output_sample(output, sample)
 
 
-
 def block_output(stack: BlockStack, block: nn.Module, image: torch.Tensor, text: torch.Tensor | None):
     """What ``block`` returns: the image tokens, or both streams in the block's own order when text flows through."""
     if stack.text_arg is None:

@@ -319,4 +319,3 @@ def rotary_input(dims: int = 2) -> tuple:
     """A plan's spec for an input holding a rotary table ``(cos, sin)``, one row per image token along dim 0."""
     table = ContextParallelInput(split_dim=0, expected_dims=dims)
     return (table, table)
-

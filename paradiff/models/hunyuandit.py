@@ -29,8 +29,6 @@ class HunyuanDiTFamily(PatchTokensFamily):
     context_parallel = True
     context_parallel_sdpa = True
 
-
-
     def component_units(self, model):
         layers = len(model.blocks)
         units = tuple((f"blocks.{i}", block) for i, block in enumerate(model.blocks))

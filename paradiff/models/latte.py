@@ -37,8 +37,6 @@ class LatteFamily(PatchTokensFamily):
     context_parallel = True
     context_parallel_sdpa = True
 
-
-
     def component_units(self, model):
         names = []
         for i in range(len(model.transformer_blocks)):

@@ -239,4 +239,3 @@ def broadcast_in_place(tensors: list[torch.Tensor], comm: Communicator, device: 
                 tensor.copy_(flat[offset : offset + tensor.numel()].view(tensor.shape))
                 offset += tensor.numel()
     return wait_s
-

@@ -133,4 +133,3 @@ class AsyncDiffStrategy(Strategy):
         for index, (_, unit) in enumerate(units.units):
             installed.hook(unit, UnitHook(call, index))
         return installed.done()
-

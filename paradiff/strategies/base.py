@@ -113,8 +113,8 @@ class Strategy:
                 f"({strategies_for(family)} run {name})"
             )
 
-    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
-        """Refuse, before a call's work, a height the strategy cannot cut (any height works by default)."""
+    def check_height(self, denoiser: nn.Module, degree: int, height: int, vae_scale_factor: int) -> None:
+        """Refuse, before any work, a height the strategy cannot cut over ``degree`` ranks (by default: none)."""
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int

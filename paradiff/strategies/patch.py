@@ -69,12 +69,12 @@ class PatchStrategy(Strategy):
                 "contiguous pieces of its whole sequence; leave partial_context unset"
             )
 
-    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
+    def check_height(self, denoiser: nn.Module, degree: int, height: int, vae_scale_factor: int) -> None:
         """Fail before any work when ``height`` pixels cannot be cut into aligned bands."""
         family = family_of(denoiser)
         pixels = family.pixels_per_row(denoiser, vae_scale_factor)
         rows = height // pixels
-        error = band_rows_error(rows, family, denoiser, comm.size, vae_scale_factor)
+        error = band_rows_error(rows, family, denoiser, degree, vae_scale_factor)
         if error or height % pixels:
             raise ParadiffError(error or f"height {height} is not a multiple of {pixels} pixels per row")
 

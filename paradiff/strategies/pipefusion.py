@@ -128,12 +128,12 @@ class PipeFusionStrategy(Strategy):
                 "blocks; give block counts that add up to it"
             )
 
-    def check_height(self, denoiser: nn.Module, comm: Communicator, height: int, vae_scale_factor: int) -> None:
+    def check_height(self, denoiser: nn.Module, degree: int, height: int, vae_scale_factor: int) -> None:
         """Fail before any work when ``height`` pixels cannot be cut into the patches of whole rows."""
         pixels = family_of(denoiser).pixels_per_row(denoiser, vae_scale_factor)
         if height % pixels:
             raise ParadiffError(f"height {height} is not a multiple of {pixels} pixels per row of tokens")
-        plan_patches(height // pixels, self.options.pipefusion_patches, comm.size, pixels)
+        plan_patches(height // pixels, self.options.pipefusion_patches, degree, pixels)
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int

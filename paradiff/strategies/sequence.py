@@ -168,4 +168,3 @@ class RingStrategy(SequenceStrategy):
                 "'native' cannot; call pipe.transformer.set_attention_backend('_native_cudnn') (fp16/bf16), "
                 "'flash' or 'sage' first, or use strategy='ulysses'"
             )
-
