@@ -8,9 +8,17 @@ argument checks stay fast.
 """
 
 from .config import ParallelConfig
-from .errors import ParadiffError
+from .errors import ParadiffError, ParadiffWarning
 
-__all__ = ["ParallelConfig", "ParadiffError", "check_parallelize", "comm_stats", "parallelize", "unparallelize"]
+__all__ = [
+    "ParallelConfig",
+    "ParadiffError",
+    "ParadiffWarning",
+    "check_parallelize",
+    "comm_stats",
+    "parallelize",
+    "unparallelize",
+]
 __version__ = "0.1.0"
 
 _PIPELINE_API = ("check_parallelize", "comm_stats", "parallelize", "unparallelize")

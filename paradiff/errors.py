@@ -3,3 +3,10 @@
 
 class ParadiffError(ValueError):
     """A configuration, input or model that paradiff cannot run, found before any collective."""
+
+
+class ParadiffWarning(UserWarning):
+    """Something paradiff runs but the user should know (a prompt word the built-in model does not know, say).
+
+    The CLI silences third-party warnings by default; warnings of this category always show.
+    """
