@@ -1,13 +1,54 @@
-"""Run a function on N local ranks: through torch's elastic launcher, or on the ranks torchrun made."""
+"""Run a function on N local ranks: worker processes of paradiff's own, or the ranks torchrun made.
+
+Why not torch's elastic launcher: its c10d rendezvous store (a ``TCPStore``) listens on every interface
+(``*:port``) whatever host it is given, and a failed or interrupted job ends with every rank's traceback
+after its agent's shutdown. Here the ranks meet through a :class:`torch.distributed.FileStore` in a
+private temporary folder (no socket at all), gloo and NCCL are pinned to the loopback interface
+(``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``, unless already set), and the parent watches every
+worker:
+
+* a :class:`ParadiffError` on any rank comes back as a :class:`ParadiffError` here;
+* any other exception, or a worker that dies, stops every other worker at once and raises
+  :class:`RanksFailed`, whose message is one line and whose ``log`` holds the tracebacks;
+* an interrupt (Ctrl-C) or any exception in the parent kills every worker before it propagates.
+
+Each worker is the leader of a session of its own (``start_new_session``): the terminal's Ctrl-C reaches
+only the parent, which then kills each worker's whole process group (the worker and anything it
+started). A worker whose parent dies kills its own group too (it watches its stdin, which only the
+parent holds open).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import uuid
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
 from .errors import ParadiffError
+
+#: The module each worker runs (``python -m``).
+WORKER_MODULE = "paradiff.launch_worker"
+#: The longest one rank waits for another in a collective of the default group.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+#: After the first failure, how long the parent waits for the other ranks' own reports before stopping them
+#: (so that the rank that died is reported, not the neighbour whose collective broke because of it).
+FAILURE_GRACE_S = 1.0
+#: How long finished workers get to exit on their own before their process groups are killed.
+EXIT_GRACE_S = 10.0
+#: The environment variable that tells a worker which file descriptor carries its result to the parent.
+RESULT_FD_ENV = "PARADIFF_RESULT_FD"
 
 
 def under_torchrun() -> bool:
@@ -19,48 +60,313 @@ def ranks_to_use(nproc: int) -> int:
     return int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc
 
 
-@dataclass(frozen=True)
-class _RankError:
-    message: str
+class RanksFailed(RuntimeError):
+    """A rank raised something other than a :class:`ParadiffError`, or died; every other rank was stopped.
 
-
-def _call_reporting_errors(fn: Callable, *args):
-    """``fn(*args)`` on a worker rank, returning a :class:`ParadiffError` as a value the launcher hands back.
-
-    Without this, a bad input found on the ranks (a size the strategy cannot split, say) would reach
-    the user as the launcher's ``ChildFailedError`` with every rank's traceback.
+    ``str(error)`` is one line naming the rank and what happened; ``log`` is the file holding the
+    tracebacks (and, unless verbose, every rank but rank 0's output).
     """
+
+    def __init__(self, message: str, log: Path):
+        super().__init__(message)
+        self.log = log
+
+
+def loopback_ifname() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), or None if none is found."""
     try:
-        return fn(*args)
-    except ParadiffError as error:
-        return _RankError(str(error))
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return next((name for name in names if name.startswith("lo")), None)
 
 
-def run_on_ranks(fn: Callable, nproc: int, *args):
+def run_on_ranks(
+    fn: Callable,
+    nproc: int,
+    *args,
+    device: str = "auto",
+    verbose: bool = False,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+):
     """``fn(*args)`` on every rank; returns rank 0's result.
 
-    Under ``torchrun`` (or any launcher that set ``RANK``/``WORLD_SIZE``) this process is already one
-    rank and ``fn`` runs here. Otherwise ``nproc`` worker processes are started with
-    :func:`torch.distributed.launcher.api.elastic_launch` on this machine, and a
-    :class:`ParadiffError` raised on them is raised again here.
+    Under ``torchrun`` (or any launcher that set ``RANK``/``WORLD_SIZE``), or with ``nproc == 1``, this
+    process is the only rank here and ``fn`` runs in it. Otherwise ``nproc`` worker processes run ``fn``
+    in a process group made before ``fn`` starts: NCCL on CUDA (one GPU per rank, ``LOCAL_RANK``), gloo
+    on CPU. ``device`` is ``"auto"`` (CUDA when present), ``"cuda"`` or ``"cpu"`` (the workers then see
+    no GPU). ``fn`` must be importable by name (a module-level function), and ``args`` and its result
+    picklable. Unless ``verbose``, workers silence third-party warnings and logs, and ranks other than 0
+    write their output to the log rather than to this process's stdout and stderr.
+
+    Raises the first rank's :class:`ParadiffError` as a :class:`ParadiffError`, and :class:`RanksFailed`
+    when a rank raised anything else or died; no worker outlives this call.
     """
     if under_torchrun() or nproc == 1:
         return fn(*args)
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    if device not in ("auto", "cuda", "cpu"):
+        raise ParadiffError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
+    payload = pickle.dumps((fn, args))  # before any process starts: an unpicklable argument fails here
+    with _Workers(nproc, device, verbose, timeout) as workers:
+        return workers.run(payload)
 
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"paradiff-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    results = elastic_launch(config, _call_reporting_errors)(fn, *args)
-    errors = [result.message for result in results.values() if isinstance(result, _RankError)]
-    if errors:
-        raise ParadiffError(errors[0])
-    return results[0]
+
+@dataclass
+class _Worker:
+    rank: int
+    process: subprocess.Popen
+    result_fd: int
+    received: bytearray
+    result: tuple | None = None  # ("ok", value) | ("paradiff", message) | ("error", line)
+    closed: bool = False
+
+
+class _Workers:
+    """The worker processes of one :func:`run_on_ranks` call, their store folder and their log."""
+
+    def __init__(self, nproc: int, device: str, verbose: bool, timeout: timedelta):
+        self.nproc, self.device, self.verbose, self.timeout = nproc, device, verbose, timeout
+        self.workers: list[_Worker] = []
+        self.store_dir = Path(tempfile.mkdtemp(prefix="paradiff-store-"))
+        log_fd, log_name = tempfile.mkstemp(prefix="paradiff-", suffix=".log")
+        os.close(log_fd)
+        self.log = Path(log_name)
+        self.keep_log = False
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        # a second Ctrl-C (or a SIGTERM) during the cleanup waits until it is over
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            self._clean_up()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def _clean_up(self) -> None:
+        self.stop()
+        for worker in self.workers:
+            if not worker.closed:
+                os.close(worker.result_fd)
+            if worker.process.stdin is not None:
+                worker.process.stdin.close()
+        for path in self.store_dir.iterdir():
+            path.unlink()
+        self.store_dir.rmdir()
+        if not self.keep_log:
+            self.log.unlink(missing_ok=True)
+
+    # --- starting ---------------------------------------------------------------------------------------
+
+    def _environment(self, rank: int, result_fd: int) -> dict:
+        env = dict(os.environ)
+        for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"):
+            env.pop(name, None)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(self.nproc),
+            LOCAL_WORLD_SIZE=str(self.nproc),
+            **{RESULT_FD_ENV: str(result_fd)},
+        )
+        ifname = loopback_ifname()
+        if ifname is not None:
+            env.setdefault("GLOO_SOCKET_IFNAME", ifname)
+            env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+        # the workers import this very paradiff, whatever their working folder
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        if self.device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if not self.verbose:
+            from .cli_output import QUIET_ENV
+
+            env.update(QUIET_ENV)
+        return env
+
+    def _start(self, payload: bytes, log_file) -> None:
+        header = pickle.dumps(
+            {
+                "sys_path": sys.path,
+                "store": str(self.store_dir / "store"),
+                "device": self.device,
+                "timeout_s": self.timeout.total_seconds(),
+                "verbose": self.verbose,
+                "log": str(self.log),
+                "main": _main_module() if b"__main__" in payload else None,
+            }
+        )
+        for rank in range(self.nproc):
+            read_fd, write_fd = os.pipe()
+            output = None if self.verbose or rank == 0 else log_file
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", WORKER_MODULE],
+                    stdin=subprocess.PIPE,
+                    stdout=output,
+                    stderr=output,
+                    pass_fds=(write_fd,),
+                    env=self._environment(rank, write_fd),
+                    start_new_session=True,
+                )
+            except BaseException:
+                os.close(read_fd)
+                raise
+            finally:
+                os.close(write_fd)
+            os.set_blocking(read_fd, False)
+            self.workers.append(_Worker(rank, process, read_fd, bytearray()))
+            try:
+                for part in (header, payload):
+                    process.stdin.write(struct.pack("<Q", len(part)) + part)
+                process.stdin.flush()  # stdin stays open: the worker exits when it closes
+            except BrokenPipeError:
+                pass  # the worker died at once; the watch loop reports it
+
+    # --- watching ---------------------------------------------------------------------------------------
+
+    def run(self, payload: bytes):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(self.log, "ab") as log_file:
+            self._start(payload, log_file)
+        first_failure = None
+        while True:
+            self._poll(timeout_s=0.1)
+            failures = self._failures()
+            if failures and first_failure is None:
+                first_failure = time.monotonic()
+            resolved = all(worker.result is not None or self._died(worker) for worker in self.workers)
+            if failures and (resolved or time.monotonic() - first_failure > FAILURE_GRACE_S):
+                self.stop()  # after reading the failures: the ranks it kills are not failures
+                self._raise(failures)
+            if not failures and all(worker.result is not None for worker in self.workers):
+                break
+        self._wait_for_exit()
+        return self.workers[0].result[1]
+
+    def _poll(self, timeout_s: float) -> None:
+        """Read what the workers sent (waiting up to ``timeout_s`` for something)."""
+        open_fds = {worker.result_fd: worker for worker in self.workers if not worker.closed}
+        if not open_fds:
+            time.sleep(timeout_s)
+            return
+        readable, _, _ = select.select(list(open_fds), [], [], timeout_s)
+        for fd in readable:
+            worker = open_fds[fd]
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if chunk:
+                worker.received += chunk
+                continue
+            os.close(fd)
+            worker.closed = True
+            worker.result = self._decode(worker)
+
+    def _decode(self, worker: _Worker) -> tuple | None:
+        data = bytes(worker.received)
+        if len(data) < 8:
+            return None
+        (size,) = struct.unpack("<Q", data[:8])
+        if len(data) < 8 + size:
+            return None
+        try:
+            return pickle.loads(data[8 : 8 + size])
+        except Exception as error:  # a result the parent cannot unpickle
+            return ("error", f"its result could not be read here: {type(error).__name__}: {error}")
+
+    def _died(self, worker: _Worker) -> bool:
+        """True once the worker has exited without a result (what it wrote before exiting read first)."""
+        if worker.result is not None or worker.process.poll() is None:
+            return False
+        while not worker.closed and select.select([worker.result_fd], [], [], 0)[0]:
+            chunk = os.read(worker.result_fd, 1 << 20)
+            if chunk:
+                worker.received += chunk
+            else:
+                os.close(worker.result_fd)
+                worker.closed = True
+                worker.result = self._decode(worker)
+        return worker.result is None
+
+    def _failures(self) -> list[tuple[str, int, str]]:
+        """``(kind, rank, text)`` for every rank that failed so far: kind is paradiff, signal, error or exit."""
+        failures = []
+        for worker in self.workers:
+            if worker.result is not None and worker.result[0] != "ok":
+                failures.append((worker.result[0], worker.rank, worker.result[1]))
+            elif self._died(worker):
+                code = worker.process.returncode
+                if code < 0:
+                    failures.append(("signal", worker.rank, f"was killed by {_signal_name(-code)}"))
+                else:
+                    failures.append(("exit", worker.rank, f"exited with status {code} without a result"))
+        return failures
+
+    def _raise(self, failures: list[tuple[str, int, str]]) -> None:
+        """The most telling failure: a ParadiffError, then a rank that died, then an exception.
+
+        A rank that raised waits to be stopped, so its neighbours' collectives do not break before it
+        reports; a rank that died breaks them at once, so its death outranks their exceptions.
+        """
+        order = {"paradiff": 0, "signal": 1, "exit": 1, "error": 2}
+        kind, rank, text = min(failures, key=lambda failure: (order[failure[0]], failure[1]))
+        if kind == "paradiff":
+            raise ParadiffError(text)
+        self.keep_log = True
+        pid = self.workers[rank].process.pid
+        message = f"rank {rank} (pid {pid}) {text}" if kind in ("signal", "exit") else f"rank {rank} failed: {text}"
+        with open(self.log, "a") as log:
+            log.write(f"--- paradiff: {message}; the other ranks were stopped ---\n")
+        raise RanksFailed(message, self.log)
+
+    # --- stopping ---------------------------------------------------------------------------------------
+
+    def _wait_for_exit(self) -> None:
+        deadline = time.monotonic() + EXIT_GRACE_S
+        for worker in self.workers:
+            if worker.process.stdin is not None and not worker.process.stdin.closed:
+                worker.process.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # stop() kills what is left
+                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        """Kill every worker's process group (the worker and what it started) and reap the workers."""
+        for worker in self.workers:
+            _kill_group(worker.process)
+        for worker in self.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL does not wait for anything
+                worker.process.wait(timeout=10)
+
+
+def _main_module() -> tuple[str, str] | None:
+    """How a worker finds what this process's ``__main__`` defines: ``("module", name)`` after ``python -m``,
+    ``("path", file)`` for a script, None otherwise (the way ``multiprocessing``'s spawn does it)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return ("module", spec.name)
+    path = getattr(main, "__file__", None)
+    return ("path", os.path.abspath(path)) if path else None
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process group ``process`` leads (it started a session), or the process alone."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError):
+        if process.poll() is None:
+            process.kill()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

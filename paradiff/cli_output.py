@@ -1,0 +1,199 @@
+"""What the ``paradiff`` command shows: third-party noise off unless ``--verbose``, and its summary in words.
+
+Quiet means: Python warnings of other packages ignored (paradiff's own :class:`ParadiffWarning` always
+shows), transformers, diffusers, huggingface_hub and the root logger at ERROR, loading bars off, and in
+worker processes PyTorch's C++ warnings off. The progress bars of the image itself stay (rank 0's).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .errors import ParadiffWarning
+
+#: Read at import by the libraries (and by PyTorch's C++ side at startup): set for worker processes, and
+#: here around an in-process run, so that messages printed while the libraries import stay off too.
+QUIET_ENV = {
+    "TRANSFORMERS_VERBOSITY": "error",
+    "DIFFUSERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+    "PYTHONWARNINGS": "ignore",
+}
+#: Loggers set to ERROR (their children inherit it): the libraries' own and the root logger.
+QUIET_LOGGERS = ("", "transformers", "diffusers", "huggingface_hub", "torch", "accelerate", "PIL")
+
+
+def quiet_warnings() -> None:
+    """Ignore every Python warning except paradiff's own (filters added later take precedence)."""
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", category=ParadiffWarning)
+
+
+def quiet_libraries() -> None:
+    """Loggers to ERROR and the loading bars of diffusers, transformers and huggingface_hub off.
+
+    Imports those libraries' logging modules (diffusers and transformers), so call it where they will be
+    imported anyway: in the process that loads the pipeline.
+    """
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency, but keep quiet mode working
+        pass
+    else:
+        transformers_logging.set_verbosity_error()
+        transformers_logging.disable_progress_bar()
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+
+
+@contextmanager
+def quiet_output(verbose: bool, libraries: bool = True) -> Iterator[None]:
+    """Third-party noise off inside the block (nothing changes with ``verbose``); restored afterwards.
+
+    ``libraries=False`` leaves diffusers and transformers unimported (for a process that only launches
+    workers, which quiet themselves).
+    """
+    if verbose:
+        yield
+        return
+    saved_env = {name: os.environ.get(name) for name in QUIET_ENV}
+    saved_levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    saved_bars = _library_bars() if libraries else None
+    os.environ.update(QUIET_ENV)
+    try:
+        with warnings.catch_warnings():
+            quiet_warnings()
+            if libraries:
+                quiet_libraries()
+            else:
+                for name in QUIET_LOGGERS:
+                    logging.getLogger(name).setLevel(logging.ERROR)
+            yield
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for name, level in saved_levels.items():
+            logging.getLogger(name).setLevel(level)
+        if saved_bars is not None:
+            _restore_library_bars(saved_bars)
+
+
+def _library_bars() -> dict:
+    """Whether each library's loading bars are on now, and the libraries' logger levels, to restore later."""
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    state = {
+        "diffusers": diffusers_logging.is_progress_bar_enabled(),
+        "diffusers_level": diffusers_logging.get_verbosity(),
+        "hub": not are_progress_bars_disabled(),
+    }
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:  # pragma: no cover
+        return state
+    state.update(transformers=transformers_logging.is_progress_bar_enabled())
+    state.update(transformers_level=transformers_logging.get_verbosity())
+    return state
+
+
+def _restore_library_bars(state: dict) -> None:
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub.utils import enable_progress_bars
+
+    diffusers_logging.set_verbosity(state["diffusers_level"])
+    if state["diffusers"]:
+        diffusers_logging.enable_progress_bar()
+    if state["hub"]:
+        enable_progress_bars()
+    if "transformers" in state:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity(state["transformers_level"])
+        if state["transformers"]:
+            transformers_logging.enable_progress_bar()
+
+
+# --- the summary in words -------------------------------------------------------------------------------
+
+
+def times_sign() -> str:
+    """``×``, or ``x`` where stdout cannot encode it."""
+    try:
+        "×".encode(sys.stdout.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return "x"
+    return "×"
+
+
+def format_speedup(speedup: float, times: str = "×") -> str:
+    """``"1.8× faster"``, ``"4.0× slower"`` (for 0.25), or ``"as fast as one device"`` within 5%."""
+    if not math.isfinite(speedup) or speedup <= 0:
+        return "speed not measured"
+    if 1 / 1.05 < speedup < 1.05:
+        return "as fast as one device"
+    if speedup >= 1:
+        return f"{speedup:.1f}{times} faster"
+    return f"{1 / speedup:.1f}{times} slower"
+
+
+#: Above this PSNR two images differ by float round-off only (8-bit output differs below about 50 dB).
+ROUND_OFF_DB = 100.0
+
+
+def format_fidelity(psnr_db: float) -> str:
+    """How close the image is to one device's: identical, equal within float round-off, or its PSNR."""
+    if math.isinf(psnr_db) and psnr_db > 0:
+        return "identical to one device"
+    if psnr_db >= ROUND_OFF_DB:
+        return f"equal to one device within float round-off (PSNR {psnr_db:.0f} dB)"
+    return f"PSNR {psnr_db:.1f} dB against one device"
+
+
+def format_bytes(count: float) -> str:
+    """``"512 B"``, ``"26.0 kB"``, ``"470 kB"``, ``"33.4 MB"``, ``"1.20 GB"`` (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
+    """The lines ``paradiff generate`` prints after a run: the file, each phase's time, speed, fidelity, traffic.
+
+    ``report`` is rank 0's: ``out``, ``latency_s`` and, after a reference run, ``baseline_s``, ``speedup``
+    and ``psnr_db``; after a parallel run ``bytes_per_step`` and ``wait_s``. ``phase`` names the run
+    (``"one device"`` or ``"2 ranks, patch"``).
+    """
+    lines = [f"wrote {report['out']}"]
+    if "baseline_s" in report:
+        lines.append(f"one device: {report['baseline_s']:.2f} s")
+    line = f"{phase}: {report['latency_s']:.2f} s"
+    if "speedup" in report:
+        line += f", {format_speedup(report['speedup'], times)}, {format_fidelity(report['psnr_db'])}"
+    lines.append(line)
+    if "bytes_per_step" in report:
+        lines.append(
+            f"traffic: {format_bytes(report['bytes_per_step'])} per step per rank, "
+            f"{report['wait_s']:.2f} s waiting for other ranks"
+        )
+    return lines
