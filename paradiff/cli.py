@@ -1,139 +1,81 @@
-"""The ``paradiff`` command."""
+"""The ``paradiff`` command: ``generate`` an image or video on N ranks, or ``bench`` the strategies.
+
+Exit status: 0 done; 2 bad input (one line on stderr, found before anything is drawn); 1 any other
+failure (one line on stderr naming the log that holds the tracebacks); 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM): no worker process is left behind in either case.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import os
+import signal
 import sys
-import time
-from dataclasses import dataclass
-from datetime import timedelta
+import tempfile
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
+from . import __version__
+from .cli_generate import DTYPES, GenerateJob, generate_on_rank, output_kind
+from .cli_output import quiet_output, summary_lines, times_sign
 from .errors import ParadiffError
-from .launch import ranks_to_use, run_on_ranks
-from .loading import DEFAULT_MODEL, MODEL_NAMES, check_model, load_pipeline, prompt_kwargs
+from .launch import RanksFailed, ranks_to_use, run_on_ranks, under_torchrun
+from .loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model
 from .strategies import strategy_names
 
-
-@dataclass(frozen=True)
-class GenerateJob:
-    prompt: str
-    model: str
-    strategy: str
-    nproc: int
-    steps: int
-    size: int | None
-    frames: int | None
-    seed: int
-    warmup: int
-    out: str | None
-    baseline: bool
-    threads: int
-
-    def call_kwargs(self) -> dict:
-        """Size and frame count, only where given: otherwise the pipeline's own defaults apply."""
-        sizes = {"height": self.size, "width": self.size, "num_frames": self.frames}
-        return {name: value for name, value in sizes.items() if value is not None}
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 
 
-def _generate_on_rank(job: GenerateJob) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    import paradiff
-    from paradiff.metrics import psnr
-    from paradiff.runtime.distributed import ensure_process_group
-
-    torch.set_num_threads(job.threads)
-    if job.nproc > 1:
-        ensure_process_group(timedelta(minutes=30))
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    pipe = load_pipeline(job.model)
-    pipe.set_progress_bar_config(disable=rank != 0)
-    inputs = prompt_kwargs(pipe, job.model, job.prompt)
-
-    def generate():
-        start = time.perf_counter()
-        result = pipe(
-            **inputs,
-            **job.call_kwargs(),
-            num_inference_steps=job.steps,
-            generator=torch.Generator().manual_seed(job.seed),
-            output_type="np",
-        )
-        return _output_of(result), time.perf_counter() - start
-
-    baseline = baseline_s = None
-    if job.nproc > 1:
-        if job.baseline and rank == 0:
-            print(f"[paradiff] one device, {job.threads} thread(s): generating the reference", flush=True)
-            baseline, baseline_s = generate()
-        dist.barrier()
-        pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup)
-        if rank == 0:
-            print(f"[paradiff] {job.nproc} ranks, strategy {job.strategy}", flush=True)
-    images, latency_s = generate()
-    if rank != 0:
-        return {}
-    report = {"out": save_output(images, job.out), "latency_s": latency_s}
-    if baseline is not None:
-        report.update(baseline_s=baseline_s, speedup=baseline_s / latency_s, psnr_db=psnr(images, baseline))
-    if job.nproc > 1:
-        report.update(paradiff.comm_stats(pipe))
-    return report
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every ``finally`` (the workers' cleanup) runs."""
 
 
-def _output_of(result) -> np.ndarray:
-    """An image pipeline's images ``(B, H, W, 3)`` or a video pipeline's frames ``(B, F, H, W, 3)``."""
-    frames = getattr(result, "frames", None)
-    return np.asarray(result.images if frames is None else frames)
+def _check_out(out: str | None) -> None:
+    """Refuse an ``--out`` whose extension paradiff cannot write or that cannot be created (tried for real)."""
+    output_kind(out)
+    path = Path(out).expanduser() if out else Path.cwd() / "paradiff.png"
+    name = out or str(path)
+    if path.is_dir():
+        raise ParadiffError(f"--out {name} is a folder; name a file")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise ParadiffError(f"cannot write {name}: folder {folder} does not exist")
+    existed = path.exists()
+    try:
+        with open(path, "ab" if existed else "xb"):
+            pass
+    except OSError as error:
+        raise ParadiffError(f"cannot write {name}: {error.strerror or error}") from error
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
-def save_output(output: np.ndarray, out: str | None) -> str:
-    """Write the first image (PNG, or the ``--out`` format) or the first video (MP4); returns the path."""
-    video = output.ndim == 5
-    path = Path(out or ("paradiff.mp4" if video else "paradiff.png"))
-    if video:
-        from diffusers.utils import export_to_video
-
-        if path.suffix.lower() != ".mp4":
-            path = path.with_suffix(".mp4")
-            print(f"[paradiff] the model makes videos: writing {path}", flush=True)
-        export_to_video(list(output[0]), str(path), fps=8)
-    else:
-        from diffusers.utils import numpy_to_pil
-
-        numpy_to_pil(output)[0].save(path)
-    return str(path)
-
-
-def _check_job(job: GenerateJob) -> None:
-    if job.nproc < 1:
-        raise ParadiffError(f"--nproc must be at least 1, got {job.nproc}")
-    if job.steps < 1:
-        raise ParadiffError(f"--steps must be at least 1, got {job.steps}")
-    if job.size is not None and (job.size < 8 or job.size % 8):
-        raise ParadiffError(f"--size must be a positive multiple of 8, got {job.size}")
-    if job.frames is not None and job.frames < 1:
-        raise ParadiffError(f"--frames must be at least 1, got {job.frames}")
-    out_dir = Path(job.out).resolve().parent if job.out else Path.cwd()
-    if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
-        raise ParadiffError(
-            f"cannot write {job.out or 'the output'}: folder {out_dir} does not exist or is not writable"
-        )
-    check_model(job.model)
+def _check_numbers(args: argparse.Namespace) -> None:
+    at_least = {"nproc": 1, "steps": 1, "frames": 1, "warmup": 0, "threads": 0}
+    for option, low in at_least.items():
+        value = getattr(args, option, None)
+        if value is not None and value < low:
+            raise ParadiffError(f"--{option} must be at least {low}, got {value}")
+    if args.size is not None and (args.size < 8 or args.size % 8):
+        raise ParadiffError(f"--size must be a positive multiple of 8, got {args.size}")
+    if getattr(args, "guidance", None) is not None and args.guidance < 0:
+        raise ParadiffError(f"--guidance must be 0 or more, got {args.guidance:g}")
 
 
 def _threads_per_rank(args: argparse.Namespace) -> int:
-    return args.threads or max(1, (os.cpu_count() or 1) // max(args.nproc, 1))
+    return args.threads or max(1, (os.cpu_count() or 1) // max(ranks_to_use(args.nproc), 1))
+
+
+def _in_process(nproc: int) -> bool:
+    """Whether the ranks' function runs in this process (one rank, or torchrun's rank)."""
+    return nproc == 1 or under_torchrun()
 
 
 def generate(args: argparse.Namespace) -> int:
-    threads = _threads_per_rank(args)
+    _check_numbers(args)
     job = GenerateJob(
         prompt=args.prompt,
         model=args.model,
@@ -146,20 +88,20 @@ def generate(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         out=args.out,
         baseline=not args.no_baseline,
-        threads=threads,
+        threads=_threads_per_rank(args),
+        device=args.device,
+        dtype=args.dtype,
+        guidance=args.guidance,
+        negative_prompt=args.negative_prompt,
+        allow_pickle=args.allow_pickle,
     )
-    _check_job(job)
-    report = run_on_ranks(_generate_on_rank, job.nproc, job)
+    _check_out(job.out)
+    with quiet_output(args.verbose, libraries=False):
+        check_model(job.model)
+    with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
+        report = run_on_ranks(generate_on_rank, job.nproc, job, device=job.device, verbose=args.verbose)
     if report:
-        print(f"wrote {report['out']}")
-        print(f"latency: {report['latency_s']:.2f} s on {job.nproc} rank(s)")
-        if "speedup" in report:
-            print(
-                f"one device: {report['baseline_s']:.2f} s -> speedup {report['speedup']:.2f}x, "
-                f"PSNR vs one device {report['psnr_db']:.1f} dB"
-            )
-        if "bytes_per_step" in report:
-            print(f"moved {report['bytes_per_step'] / 1e6:.2f} MB per step per rank, waited {report['wait_s']:.2f} s")
+        print("\n".join(summary_lines(report, job.phase, times_sign())), flush=True)
     return 0
 
 
@@ -181,10 +123,12 @@ def bench(args: argparse.Namespace) -> int:
     _require_bench_extra()
     from .bench.job import job_from_args
 
-    job = job_from_args(args, threads=_threads_per_rank(args))
+    with quiet_output(args.verbose, libraries=False):
+        job = job_from_args(args, threads=_threads_per_rank(args))
     from .bench.run import bench_on_rank
 
-    results = run_on_ranks(bench_on_rank, job.nproc, job)
+    with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
+        results = run_on_ranks(bench_on_rank, job.nproc, job, verbose=args.verbose)
     if results is not None:
         from .bench.report import write_report
 
@@ -192,47 +136,171 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the parser ---------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``paradiff generate: error: ... (see --help)``."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` after every option that has a default, except flags and what the help explains."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or "default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    versions = []
+    for package in ("torch", "diffusers"):
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package} not installed")
+    return f"paradiff {__version__} ({', '.join(versions)})"
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
+    parser.add_argument("--steps", type=int, default=20, help="inference steps")
+    parser.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the noise (prompt i of bench uses seed + i)")
+    parser.add_argument("--threads", type=int, help="torch threads per rank (default: CPU cores / ranks; 0 too)")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show third-party warnings and logs, and every rank's output"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paradiff", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="generate an image or video on N ranks and report the speedup")
+    parser = _Parser(prog="paradiff", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = commands.add_parser(
+        "generate",
+        help="generate an image or video on N ranks and compare it with one device",
+        description="Generate an image or video on N ranks; first, on rank 0, the same image on one device "
+        "(same device and dtype), to report the speedup and the difference.",
+        formatter_class=_HelpFormatter,
+    )
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
-    gen.add_argument("--strategy", default="patch", choices=strategy_names())
-    gen.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
-    gen.add_argument("--steps", type=int, default=20)
-    gen.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
-    gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
-    gen.add_argument("--seed", type=int, default=0)
+    _add_common(gen)
+    gen.add_argument("--strategy", default="patch", choices=strategy_names(), help="how the ranks share the work")
     gen.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first")
-    gen.add_argument("--out", help="image or video file (default: paradiff.png, or paradiff.mp4 for video models)")
-    gen.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / nproc)")
+    gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
+    gen.add_argument(
+        "--guidance",
+        type=float,
+        help="classifier-free guidance scale (default: 2 for the built-in models, the pipeline's own otherwise)",
+    )
+    gen.add_argument("--negative-prompt", help="what the image should not show")
+    gen.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cuda", "cpu"),
+        help="where every rank and the one-device reference run (default: auto, CUDA when present, one GPU per rank)",
+    )
+    gen.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", *DTYPES),
+        help="weights and activations (default: auto, float16 on CUDA, float32 on the CPU)",
+    )
+    gen.add_argument(
+        "--out",
+        help=f"image ({', '.join(('.png', '.jpg', '.webp'))}, ...) or video (.mp4, .gif) file "
+        "(default: paradiff.png, or paradiff.mp4 for video models)",
+    )
     gen.add_argument("--no-baseline", action="store_true", help="skip the one-device reference run")
+    gen.add_argument(
+        ALLOW_PICKLE_FLAG,
+        action="store_true",
+        help="also load pickled weights (.bin, .pt), which can run code: only from a source you trust "
+        "(by default only safetensors load)",
+    )
     gen.set_defaults(func=generate)
-    ben = commands.add_parser("bench", help="one device vs each strategy and warm-up: speed, fidelity, report")
-    ben.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
+    ben = commands.add_parser(
+        "bench",
+        help="one device vs each strategy and warm-up: speed, fidelity, report",
+        description="One device, then every strategy and warm-up on N ranks, on the same prompts and seeds; "
+        "writes report.html, report.md, results.json and image grids.",
+        formatter_class=_HelpFormatter,
+    )
+    _add_common(ben)
     ben.add_argument("--strategies", default="patch", help=f"comma list of {', '.join(strategy_names())}")
-    ben.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     ben.add_argument(
         "--warmup", default="1,4", help="comma list of warm-up settings (synchronous steps after the first)"
     )
     ben.add_argument("--prompts", type=int, default=4, help="number of prompts (prompt i uses seed + i)")
     ben.add_argument("--out", default="paradiff-bench", help="folder for results.json, report.md/html and images")
-    ben.add_argument("--steps", type=int, default=20)
-    ben.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
-    ben.add_argument("--seed", type=int, default=0)
-    ben.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: cores / nproc)")
     ben.set_defaults(func=bench)
     return parser
 
 
+# --- errors, interrupts, exit status ------------------------------------------------------------------
+
+
+def _say(text: str) -> None:
+    print(f"paradiff: {' '.join(text.split())}", file=sys.stderr, flush=True)
+
+
+def _write_log(text: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix="paradiff-", suffix=".log")
+    with os.fdopen(fd, "w") as log:
+        log.write(text)
+    return Path(name)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+@contextmanager
+def _sigterm_raises():
+    """SIGTERM raises :class:`_Terminated` in the block (main thread only), so cleanup runs as for Ctrl-C."""
+
+    def terminated(signum, frame):
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except ParadiffError as error:
-        print(f"paradiff: error: {error}", file=sys.stderr)
-        return 2
+    with _sigterm_raises():
+        try:
+            return args.func(args)
+        except ParadiffError as error:
+            _say(f"error: {error}")
+            return EXIT_BAD_INPUT
+        except RanksFailed as error:
+            _say(f"error: {error} (details in {error.log})")
+            return EXIT_FAILED
+        except KeyboardInterrupt:
+            _say("interrupted")
+            return EXIT_INTERRUPTED
+        except _Terminated:
+            _say("terminated")
+            return EXIT_TERMINATED
+        except Exception as error:
+            log = _write_log(traceback.format_exc())
+            _say(f"error: {_one_line(error)} (traceback in {log})")
+            return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def format_fidelity(psnr_db: float) -> str:
 
 
 def format_bytes(count: float) -> str:
-    """``"512 B"``, ``"26.0 kB"``, ``"470 kB"``, ``"33.4 MB"``, ``"1.20 GB"`` (powers of 1000)."""
+    """``"512 B"``, ``"26.0 kB"``, ``"470 kB"``, ``"33.4 MB"``, ``"1.2 GB"`` (powers of 1000)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if count >= scale:
             value = count / scale

@@ -1,4 +1,4 @@
-"""Which pipeline a ``--model`` name means, how to load it, and how to prompt it.
+"""Which pipeline a ``--model`` name means, how to load it safely, and how to prompt it.
 
 * ``paradiff-tiny`` (SD-style U-Net) and ``paradiff-tiny-dit`` (PixArt-style DiT): the trained
   built-in pipelines shipped inside the package (:mod:`paradiff.builtin`), loaded with
@@ -7,12 +7,19 @@
   configs (:mod:`paradiff.tiny`); they have no text encoder, so the prompt only seeds their
   conditioning embeddings.
 * anything else: a local pipeline folder or a hub id, through ``DiffusionPipeline.from_pretrained``.
+
+Loading is safe by default: weights load from safetensors only (pickled ``.bin``/``.pt`` weights can run
+code when unpickled; ``allow_pickle=True``, the CLI's ``--allow-pickle``, lets them load), and code that
+ships with a model (a custom pipeline or component class) never runs (``trust_remote_code=False``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import re
+import warnings
 from pathlib import Path
 
 from .errors import ParadiffError
@@ -21,51 +28,207 @@ TRAINED_MODELS = {"paradiff-tiny": "sd", "paradiff-tiny-dit": "pixart"}
 RANDOM_MODELS = {"random-sd": "sd", "random-pixart": "pixart"}
 DEFAULT_MODEL = "paradiff-tiny"
 MODEL_NAMES = (*TRAINED_MODELS, *RANDOM_MODELS)
+#: A Hugging Face hub repository id: ``owner/name``.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+#: The flag that lets pickled weights load, named in the refusal.
+ALLOW_PICKLE_FLAG = "--allow-pickle"
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model or Path(model).exists()
 
 
 def check_model(model: str) -> None:
-    """Reject a ``--model`` that is neither a known name, a local folder nor a hub id (owner/name)."""
-    if model in MODEL_NAMES or Path(model).is_dir() or model.count("/") == 1:
-        return
+    """Refuse a ``--model`` that cannot load, before any worker starts; one line that says why.
+
+    A built-in name passes; a folder must hold ``model_index.json``; a hub id (owner/name) must have one
+    on the hub or in the local cache (fetching that one small file, which also tells an offline machine
+    or a missing repository apart from a real loading failure).
+    """
+    model_index(model)
+
+
+def model_index(model: str) -> dict | None:
+    """The ``model_index.json`` of ``model`` (None for the random-weight models), or a :class:`ParadiffError`."""
+    if model in RANDOM_MODELS:
+        return None
+    if model in TRAINED_MODELS:
+        from .builtin import pipeline_folder
+
+        return _read_index(pipeline_folder(TRAINED_MODELS[model]) / "model_index.json")
+    if _looks_like_path(model):
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise ParadiffError(f"no pipeline folder {model}: {'it is a file' if folder.exists() else 'not found'}")
+        index = folder / "model_index.json"
+        if not index.is_file():
+            raise ParadiffError(
+                f"{model} holds no model_index.json: not a diffusers pipeline folder (save one with "
+                "pipe.save_pretrained(folder))"
+            )
+        return _read_index(index)
+    if HUB_ID.fullmatch(model):
+        return _read_index(Path(_hub_model_index(model)))
     raise ParadiffError(
         f"unknown model {model!r}; pass a local pipeline folder, a hub id (owner/name), "
         f"or one of {', '.join(MODEL_NAMES)}"
     )
 
 
-def load_pipeline(model: str):
-    """The pipeline ``model`` names (see the module docstring), on the CPU in float32."""
+def _read_index(path: Path) -> dict:
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ParadiffError(f"cannot read {path}: {error}") from error
+    if not isinstance(index, dict) or "_class_name" not in index:
+        raise ParadiffError(f"{path} is not a diffusers model_index.json (it names no _class_name)")
+    if not isinstance(index["_class_name"], str):
+        raise ParadiffError(
+            f"{path} names a custom pipeline class {index['_class_name']}; paradiff never runs code shipped "
+            "with a model (trust_remote_code=False)"
+        )
+    return index
+
+
+def _hub_model_index(repo_id: str) -> str:
+    """The local path of ``repo_id``'s ``model_index.json`` (downloaded, or from the cache offline)."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    try:
+        return hf_hub_download(repo_id, "model_index.json")
+    except GatedRepoError as error:
+        raise ParadiffError(
+            f"hub model {repo_id} is gated: accept its terms on huggingface.co and log in (hf auth login)"
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise ParadiffError(
+            f"no model {repo_id} on the Hugging Face hub (or it is private: log in with hf auth login)"
+        ) from error
+    except LocalEntryNotFoundError as error:  # before EntryNotFoundError, its base class
+        if constants.HF_HUB_OFFLINE:
+            raise ParadiffError(
+                f"hub model {repo_id} is not in the local Hugging Face cache, and the hub is off "
+                "(HF_HUB_OFFLINE is set); download it once online, or pass a local pipeline folder"
+            ) from error
+        raise ParadiffError(
+            f"cannot reach the Hugging Face hub for {repo_id}, and it is not in the local cache; "
+            "check the connection, or pass a local pipeline folder"
+        ) from error
+    except EntryNotFoundError as error:
+        raise ParadiffError(f"hub model {repo_id} has no model_index.json: it is not a diffusers pipeline") from error
+    except (OSError, ValueError) as error:
+        raise ParadiffError(f"cannot fetch {repo_id} from the Hugging Face hub: {_first_line(error)}") from error
+
+
+def load_pipeline(model: str, dtype=None, allow_pickle: bool = False):
+    """The pipeline ``model`` names (see the module docstring), on the CPU, in ``dtype`` (default float32).
+
+    Weights load from safetensors only unless ``allow_pickle``; code shipped with the model never runs.
+    """
     if model in RANDOM_MODELS:
         from .tiny import build_pipeline
 
-        return build_pipeline(RANDOM_MODELS[model], size="bench")
+        pipe = build_pipeline(RANDOM_MODELS[model], size="bench")
+        return pipe if dtype is None else pipe.to(dtype=dtype)
     if model in TRAINED_MODELS:
         from .builtin import pipeline_folder
 
         model = str(pipeline_folder(TRAINED_MODELS[model]))
     from diffusers import DiffusionPipeline
 
+    options = {
+        "use_safetensors": None if allow_pickle else True,  # None: safetensors where present, else pickle
+        "trust_remote_code": False,
+        "custom_pipeline": None,
+        **_absent_components(model),
+    }
     try:
-        return DiffusionPipeline.from_pretrained(model, **_absent_components(model))
+        with warnings.catch_warnings():
+            # diffusers from 0.42 on calls it `dtype` and warns about `torch_dtype`, which every release takes
+            warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+            if dtype is not None:
+                options["torch_dtype"] = dtype
+            return DiffusionPipeline.from_pretrained(model, **options)
     except (OSError, ValueError) as error:
-        raise ParadiffError(
-            f"cannot load model {model!r} ({error}); pass a local pipeline folder, a hub id, "
-            f"or one of {', '.join(MODEL_NAMES)}"
-        ) from error
+        raise ParadiffError(_load_failure(model, error, allow_pickle)) from error
 
 
-def prompt_kwargs(pipe, model: str, prompt: str) -> dict:
-    """The keyword arguments that make ``pipe`` draw ``prompt`` (for the built-in models, at their guidance)."""
+def _load_failure(model: str, error: Exception, allow_pickle: bool) -> str:
+    text = " ".join(str(error).split())
+    if not allow_pickle and "safetensors" in text:
+        return (
+            f"model {model} has weights that are not safetensors ({_first_line(error)}); pickled weights "
+            f"(.bin, .pt) can run code when loaded: pass {ALLOW_PICKLE_FLAG} (load_pipeline(..., "
+            "allow_pickle=True)) only if you trust where they come from"
+        )
+    if "custom code" in text or "trust_remote_code" in text:
+        return (
+            f"model {model} needs code that ships with it ({_first_line(error)}); paradiff never runs code "
+            "from a model (trust_remote_code=False): use a pipeline made of diffusers' own classes"
+        )
+    return (
+        f"cannot load model {model!r} ({_first_line(error)}); pass a local pipeline folder, a hub id, "
+        f"or one of {', '.join(MODEL_NAMES)}"
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def prompt_kwargs(
+    pipe, model: str, prompt: str, guidance: float | None = None, negative_prompt: str | None = None
+) -> dict:
+    """The keyword arguments that make ``pipe`` draw ``prompt``.
+
+    ``guidance`` (``guidance_scale``) defaults to the built-in models' own (2) and to the pipeline's
+    default otherwise; ``negative_prompt`` is passed only when given.
+    """
+    if model in RANDOM_MODELS:
+        if negative_prompt is not None:
+            raise ParadiffError(f"{model} has no text encoder, so it takes no negative prompt")
+        from .tiny import prompt_inputs
+
+        prompt_seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "little")
+        inputs = prompt_inputs(pipe, RANDOM_MODELS[model], seed=prompt_seed)
+    else:
+        inputs = {"prompt": prompt}
     if model in TRAINED_MODELS:
         from .builtin import GUIDANCE_SCALE
 
-        return {"prompt": prompt, "guidance_scale": GUIDANCE_SCALE[TRAINED_MODELS[model]]}
-    if model not in RANDOM_MODELS:
-        return {"prompt": prompt}
-    from .tiny import prompt_inputs
+        inputs["guidance_scale"] = GUIDANCE_SCALE[TRAINED_MODELS[model]]
+    if guidance is not None:
+        inputs["guidance_scale"] = guidance
+    if negative_prompt is not None:
+        if "negative_prompt" not in call_parameters(pipe):
+            raise ParadiffError(f"{type(pipe).__name__} takes no negative prompt")
+        inputs["negative_prompt"] = negative_prompt
+    return inputs
 
-    prompt_seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "little")
-    return prompt_inputs(pipe, RANDOM_MODELS[model], seed=prompt_seed)
+
+def call_parameters(pipe) -> set[str]:
+    """The keyword arguments ``pipe(...)`` takes."""
+    return set(inspect.signature(type(pipe).__call__).parameters)
+
+
+def frames_parameter(pipe) -> str | None:
+    """The name under which ``pipe(...)`` takes a frame count (``num_frames``, Latte's ``video_length``), or None."""
+    parameters = call_parameters(pipe)
+    return next((name for name in ("num_frames", "video_length") if name in parameters), None)
+
+
+def makes_video(pipe) -> bool:
+    """Whether ``pipe`` returns frames rather than images: it takes a frame count, or is a video pipeline by name."""
+    name = type(pipe).__name__
+    return frames_parameter(pipe) is not None or "Video" in name or name.startswith(("AnimateDiff", "Wan"))
 
 
 def _absent_components(model: str) -> dict:

@@ -1,9 +1,13 @@
-"""`paradiff generate` end to end on 2 ranks, its bad-input messages, and the from_pretrained path."""
+"""`paradiff generate` end to end on 2 ranks, its bad-input messages, its output, and the from_pretrained path."""
 
 from __future__ import annotations
 
+import math
+import os
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -11,47 +15,100 @@ from PIL import Image
 from scene_analysis import background_of
 from video_pipeline import save_tiny_cogvideox
 
-from paradiff.cli import main
+import paradiff
+from paradiff.cli import build_parser, main
+from paradiff.cli_output import format_bytes, format_fidelity, format_speedup, summary_lines
 from paradiff.loading import load_pipeline
 from paradiff.tiny import build_pipeline, prompt_inputs
 
+#: Bad input must be refused before any image is drawn: loading the model on 2 ranks takes seconds, drawing
+#: the one-device reference would show its labelled progress bar. The bound is loose: the 2 cores are shared.
+REFUSAL_BOUND_S = 60
 
-def run_cli(*argv: str, timeout: int = 280) -> subprocess.CompletedProcess:
+
+def run_cli(*argv: str, timeout: int = 280, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "paradiff.cli", *argv]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def cli_env(tmp_path, **extra: str) -> dict:
+    """The environment with the logs of failed runs going to ``tmp_path``."""
+    return {**os.environ, "TMPDIR": str(tmp_path), **extra}
+
+
+#: What third-party packages print when they are not silenced (warnings, deprecations, loading bars).
+THIRD_PARTY_NOISE = re.compile(r"warn|deprecat|Beautiful Soup|Expected types|Loading|torchvision", re.IGNORECASE)
 
 
 @pytest.mark.timeout(300)
 def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
     out = tmp_path / "circle.png"
-    done = run_cli("generate", "a large red circle at the top left on a black background", "--out", str(out))
+    prompt = "a large red circle at the top left on a black background"
+    done = run_cli("generate", prompt, "--out", str(out), env=cli_env(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     with Image.open(out) as image:
         assert image.format == "PNG" and image.size == (128, 128) and image.mode == "RGB"
         assert background_of(np.asarray(image)) == "black", "the picture follows the prompt"
-    assert "latency:" in done.stdout and "speedup" in done.stdout and "on 2 rank(s)" in done.stdout
-    assert done.stdout.count("wrote ") == 1
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"wrote {out}" and len(lines) == 4, done.stdout
+    assert re.fullmatch(r"one device: \d+\.\d\d s", lines[1]), lines
+    speed = r"(\d+\.\d× (faster|slower)|as fast as one device)"
+    assert re.fullmatch(rf"2 ranks, patch: \d+\.\d\d s, {speed}, PSNR \d+\.\d dB against one device", lines[2]), lines
+    assert re.fullmatch(r"traffic: \d+(\.\d)? kB per step per rank, \d+\.\d\d s waiting for other ranks", lines[3])
+    # quiet: only rank 0's two labelled step bars on stderr, no third-party message, no loading bar
+    assert not THIRD_PARTY_NOISE.search(done.stderr), done.stderr[-3000:]
+    bars = {line.split(":")[0] for line in re.split(r"[\r\n]+", done.stderr) if line.strip()}
+    assert bars == {"one device", "2 ranks, patch"}, done.stderr[-3000:]
+    assert not list(tmp_path.glob("paradiff-*")), "no log or store folder is left after a good run"
 
 
 @pytest.mark.timeout(300)
-def test_a_size_the_strategy_cannot_split_is_a_clear_error(tmp_path):
-    done = run_cli("generate", "a red circle", "--size", "200", "--steps", "2", "--out", str(tmp_path / "x.png"))
-    assert done.returncode == 2
-    assert "paradiff: error: height 200" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "x.png").exists()
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategy", "pipefusion"], "strategy='pipefusion' does not support UNet2DConditionModel"),
+        (["--model", "paradiff-tiny-dit", "--strategy", "ring"], "strategy='ring' does not run on CPU"),
+        (["--size", "136"], "height 136 is not divisible by 64"),
+        (["--size", "200"], "height 200 is not divisible by 64"),
+        (
+            ["--frames", "8"],
+            "--frames is for video pipelines, and paradiff-tiny (StableDiffusionPipeline) makes images",
+        ),
+        (["--out", "{tmp}/x.mp4"], "--out {tmp}/x.mp4 is a file for videos, and paradiff-tiny"),
+        (["--out", "/proc/x.png"], "cannot write /proc/x.png"),
+        (["--model", "nobody/nothing"], "hub model nobody/nothing is not in the local Hugging Face cache"),
+    ],
+    ids=["pipefusion-unet", "ring-cpu", "size-136", "size-200", "frames-image", "mp4-image", "proc", "offline-hub"],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, argv, message):
+    argv = [part.replace("{tmp}", str(tmp_path)) for part in argv]
+    out = ["--out", str(tmp_path / "x.png")] if "--out" not in argv else []
+    start = time.monotonic()
+    done = run_cli("generate", "a red circle", "--steps", "2", *argv, *out, env=cli_env(tmp_path, HF_HUB_OFFLINE="1"))
+    elapsed = time.monotonic() - start
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("paradiff: error: ") and done.stderr.count("\n") == 1, done.stderr[-3000:]
+    assert message.replace("{tmp}", str(tmp_path)) in done.stderr
+    assert "one device" not in done.stderr and done.stdout == "", "no reference was drawn"
+    assert elapsed < REFUSAL_BOUND_S
+    assert sorted(path.name for path in tmp_path.iterdir()) == [], "no output, log or store is left"
 
 
 @pytest.mark.timeout(120)
-def test_video_pipelines_write_mp4(tmp_path, capsys):
+def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
     import imageio.v3 as iio
 
     folder = save_tiny_cogvideox(tmp_path / "cogvideox")
-    out = tmp_path / "clip.png"
+    capsys.readouterr()  # save_pretrained's own bars
     argv = ["a red circle", "--model", str(folder), "--nproc", "1", "--steps", "2", "--frames", "5", "--size", "32"]
-    assert main(["generate", *argv, "--out", str(out)]) == 0
+    assert main(["generate", *argv, "--out", str(tmp_path / "clip.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file for images, and" in err and "makes videos: use .mp4, .gif" in err
+    assert main(["generate", *argv, "--out", str(tmp_path / "clip.mp4")]) == 0
     frames = iio.imread(tmp_path / "clip.mp4")
     assert frames.shape == (8, 32, 32, 3), "5 frames round up to CogVideoX's 4k + 1 latent frames: 8 decoded"
-    assert not out.exists() and "writing" in capsys.readouterr().out
+    assert not (tmp_path / "clip.png").exists()
+    assert capsys.readouterr().out.splitlines()[-1].startswith("one device: ")
 
 
 @pytest.mark.parametrize(
@@ -61,20 +118,92 @@ def test_video_pipelines_write_mp4(tmp_path, capsys):
         (["--size", "100"], "--size must be a positive multiple of 8, got 100"),
         (["--frames", "0"], "--frames must be at least 1"),
         (["--steps", "0"], "--steps must be at least 1"),
+        (["--warmup", "-1"], "--warmup must be at least 0"),
+        (["--guidance", "-1"], "--guidance must be 0 or more"),
         (["--out", "/nonexistent/dir/x.png"], "cannot write /nonexistent/dir/x.png"),
+        (["--out", "x.png.txt"], "--out x.png.txt: paradiff writes images as .png"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     ],
 )
 def test_bad_input(capsys, argv, message):
     assert main(["generate", "a prompt", *argv]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
-def test_unknown_strategy_is_rejected_by_the_parser(capsys):
+def test_unknown_strategy_is_rejected_by_the_parser_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "a prompt", "--strategy", "tiles"])
     assert exit_info.value.code == 2
-    assert "invalid choice: 'tiles'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice: 'tiles'" in err and err.count("\n") == 1
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert re.fullmatch(
+        rf"paradiff {re.escape(paradiff.__version__)} \(torch \S+, diffusers \S+\)\n", capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_help_shows_the_defaults(capsys, command):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--steps STEPS inference steps (default: 20)" in text
+    assert "--nproc NPROC ranks to start (ignored under torchrun) (default: 2)" in text
+    assert "(default: paradiff-tiny)" in text and "(default: None)" not in text
+    if command == "generate":
+        for shown in (
+            "(default: patch)",
+            "(default: 4)",
+            "(default: auto, CUDA when present",
+            "(default: auto, float16 on",
+        ):
+            assert shown in text, shown
+        assert "--allow-pickle" in text and "--negative-prompt" in text and "--guidance" in text
+
+
+@pytest.mark.parametrize(
+    ("speedup", "words"),
+    [
+        (1.8, "1.8× faster"),
+        (0.25, "4.0× slower"),
+        (0.43, "2.3× slower"),
+        (1.02, "as fast as one device"),
+        (3.0, "3.0× faster"),
+    ],
+)
+def test_speedup_in_words(speedup, words):
+    assert format_speedup(speedup) == words
+
+
+def test_fidelity_and_traffic_in_words():
+    assert format_fidelity(math.inf) == "identical to one device"
+    assert format_fidelity(145.3) == "equal to one device within float round-off (PSNR 145 dB)"
+    assert format_fidelity(41.26) == "PSNR 41.3 dB against one device"
+    assert [format_bytes(n) for n in (512, 26_000, 467_000, 33_400_000, 1.2e9)] == [
+        "512 B",
+        "26.0 kB",
+        "467 kB",
+        "33.4 MB",
+        "1.2 GB",
+    ]
+
+
+def test_summary_lines():
+    report = {"out": "x.png", "latency_s": 0.4, "baseline_s": 0.1, "speedup": 0.25, "psnr_db": math.inf}
+    report.update(bytes_per_step=26_000, wait_s=0.12)
+    assert summary_lines(report, "2 ranks, cfg") == [
+        "wrote x.png",
+        "one device: 0.10 s",
+        "2 ranks, cfg: 0.40 s, 4.0× slower, identical to one device",
+        "traffic: 26.0 kB per step per rank, 0.12 s waiting for other ranks",
+    ]
+    assert summary_lines({"out": "x.png", "latency_s": 0.5}, "one device") == ["wrote x.png", "one device: 0.50 s"]
 
 
 def test_from_pretrained_on_a_local_folder(tmp_path):

@@ -1,0 +1,260 @@
+"""What every rank does in ``paradiff generate``: load, check everything, then draw (reference first).
+
+Every rank loads the pipeline and runs the same checks (:func:`plan_generate`) before anything is drawn:
+the frame count and the output file against the pipeline's kind (image or video), the guidance against
+the CFG split, and the strategy against the model, the world size and the height
+(:func:`paradiff.check_parallelize`, no collective). A refusal is a :class:`ParadiffError` on every rank,
+which the launcher hands back as one line and exit status 2. Only then does rank 0 draw the one-device
+reference (its progress bar labelled ``one device``) and every rank the parallel image (``2 ranks, patch``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ParadiffError, ParadiffWarning
+from .loading import frames_parameter, load_pipeline, makes_video, prompt_kwargs
+
+#: What ``--out`` may end in, per output kind (``.jpeg`` and ``.tif`` spellings included).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+VIDEO_SUFFIXES = (".mp4", ".gif")
+DEFAULT_OUT = {"image": "paradiff.png", "video": "paradiff.mp4"}
+#: ``--dtype`` names.
+DTYPES = ("float32", "float16", "bfloat16")
+#: The longest a rank waits for another: one one-device image, while the other ranks sit at a barrier.
+WAIT_TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    prompt: str
+    model: str
+    strategy: str
+    nproc: int
+    steps: int
+    size: int | None
+    frames: int | None
+    seed: int
+    warmup: int
+    out: str | None
+    baseline: bool
+    threads: int
+    device: str = "auto"  # auto (CUDA when present), cuda or cpu
+    dtype: str = "auto"  # auto (float16 on CUDA, float32 on CPU) or one of DTYPES
+    guidance: float | None = None
+    negative_prompt: str | None = None
+    allow_pickle: bool = False
+
+    @property
+    def phase(self) -> str:
+        """The label of the parallel run's progress bar and summary line: ``one device``, ``2 ranks, patch``."""
+        return "one device" if self.nproc == 1 else f"{self.nproc} ranks, {self.strategy}"
+
+
+@dataclass(frozen=True)
+class GeneratePlan:
+    """What the checks settled: the call's keyword arguments and where the output goes."""
+
+    call_kwargs: dict
+    out: Path
+    video: bool
+
+
+def rank_device(requested: str):
+    """This rank's ``torch.device`` for ``--device`` (``auto``: this rank's GPU when CUDA is present)."""
+    import torch
+
+    from .runtime.distributed import local_device
+
+    cuda = torch.cuda.is_available()
+    if requested == "cuda" and not cuda:
+        raise ParadiffError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    if requested == "cpu":
+        return torch.device("cpu")
+    return local_device()
+
+
+def torch_dtype(requested: str, device):
+    """The ``torch.dtype`` for ``--dtype`` on ``device`` (``auto``: float16 on CUDA, float32 elsewhere)."""
+    import torch
+
+    name = requested if requested != "auto" else ("float16" if device.type == "cuda" else "float32")
+    if name == "float16" and device.type == "cpu":
+        warnings.warn(
+            "--dtype float16 on the CPU is slow in PyTorch (many kernels convert to float32 and back); "
+            "bfloat16 or float32 run faster there",
+            ParadiffWarning,
+            stacklevel=2,
+        )
+    return getattr(torch, name)
+
+
+def output_kind(out: str | None) -> str | None:
+    """``"image"``, ``"video"`` or None (no ``--out``) by the file's extension; a :class:`ParadiffError` if unknown."""
+    if out is None:
+        return None
+    suffix = Path(out).suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
+    raise ParadiffError(
+        f"--out {out}: paradiff writes images as {', '.join(IMAGE_SUFFIXES)} and videos as {', '.join(VIDEO_SUFFIXES)}"
+    )
+
+
+def default_height(pipe) -> int | None:
+    """The height ``pipe(...)`` draws at when given none, where it can be told without running it.
+
+    None when unknown, or when the pipeline bins the requested size to its own resolutions (PixArt's
+    ``use_resolution_binning``): the strategy then checks the real height at the call.
+    """
+    parameters = inspect.signature(type(pipe).__call__).parameters
+    height = parameters.get("height")
+    if height is not None and isinstance(height.default, int):
+        return height.default
+    from .pipeline import find_denoiser
+
+    config = find_denoiser(pipe).config
+    scale = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", None)
+    sample = getattr(pipe, "default_sample_size", None) or config.get("sample_height") or config.get("sample_size")
+    if isinstance(sample, (list, tuple)):
+        sample = sample[0]
+    return sample * scale if isinstance(sample, int) and isinstance(scale, int) else None
+
+
+def _bins_resolution(pipe, inputs: dict) -> bool:
+    parameter = inspect.signature(type(pipe).__call__).parameters.get("use_resolution_binning")
+    return parameter is not None and inputs.get("use_resolution_binning", parameter.default) is True
+
+
+def _guidance(pipe, inputs: dict) -> float | None:
+    parameter = inspect.signature(type(pipe).__call__).parameters.get("guidance_scale")
+    value = inputs.get("guidance_scale", None if parameter is None else parameter.default)
+    return value if isinstance(value, (int, float)) else None
+
+
+def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
+    """Every check that needs the loaded pipeline, before anything is drawn; the call's arguments and output.
+
+    Raises a :class:`ParadiffError` on every rank alike (no collective is involved).
+    """
+    import paradiff
+
+    video = makes_video(pipe)
+    kind = "video" if video else "image"
+    name = f"{job.model} ({type(pipe).__name__})"
+    call_kwargs = {} if job.size is None else {"height": job.size, "width": job.size}
+    if job.frames is not None:
+        frames = frames_parameter(pipe)
+        if frames is None:
+            raise ParadiffError(f"--frames is for video pipelines, and {name} makes images; drop --frames")
+        call_kwargs[frames] = job.frames
+    wanted = output_kind(job.out)
+    if wanted is not None and wanted != kind:
+        allowed = ", ".join(VIDEO_SUFFIXES if video else IMAGE_SUFFIXES)
+        raise ParadiffError(f"--out {job.out} is a file for {wanted}s, and {name} makes {kind}s: use {allowed}")
+    guidance = _guidance(pipe, inputs)
+    if job.nproc > 1 and job.strategy == "cfg" and guidance is not None and guidance <= 1:
+        raise ParadiffError(
+            f"strategy='cfg' runs the two halves of classifier-free guidance on two ranks, and at guidance "
+            f"{guidance:g} the pipeline runs no guidance; pass --guidance above 1, or another strategy"
+        )
+    height = job.size if job.size is not None else default_height(pipe)
+    if _bins_resolution(pipe, inputs):
+        height = None
+    paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
+    return GeneratePlan(call_kwargs, Path(job.out or DEFAULT_OUT[kind]), video)
+
+
+def generate_on_rank(job: GenerateJob) -> dict:
+    """Load, check, draw the reference on rank 0 (the same device and dtype), then the image on every rank.
+
+    Rank 0 returns its report (``out``, ``latency_s``; ``baseline_s``, ``speedup``, ``psnr_db`` after a
+    reference; the communication counters after a parallel run); the other ranks return ``{}``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import paradiff
+
+    from .metrics import psnr
+    from .runtime.distributed import ensure_process_group
+
+    torch.set_num_threads(job.threads)
+    if job.nproc > 1:
+        ensure_process_group(WAIT_TIMEOUT)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    device = rank_device(job.device)
+    dtype = torch_dtype(job.dtype, device)
+    pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
+    inputs = prompt_kwargs(pipe, job.model, job.prompt, guidance=job.guidance, negative_prompt=job.negative_prompt)
+    plan = plan_generate(pipe, job, inputs)
+
+    def draw(label: str):
+        pipe.set_progress_bar_config(desc=label, disable=rank != 0)
+        start = time.perf_counter()
+        result = pipe(
+            **inputs,
+            **plan.call_kwargs,
+            num_inference_steps=job.steps,
+            generator=torch.Generator().manual_seed(job.seed),
+            output_type="np",
+        )
+        return _output_of(result), time.perf_counter() - start
+
+    baseline = baseline_s = None
+    if job.nproc > 1:
+        if job.baseline and rank == 0:
+            baseline, baseline_s = draw("one device")
+        dist.barrier()
+        pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup)
+    output, latency_s = draw(job.phase)
+    if rank != 0:
+        return {}
+    report = {"out": save_output(output, plan.out), "latency_s": latency_s}
+    if baseline is not None:
+        report.update(baseline_s=baseline_s, speedup=baseline_s / latency_s, psnr_db=psnr(output, baseline))
+    if job.nproc > 1:
+        report.update(paradiff.comm_stats(pipe))
+    return report
+
+
+def _output_of(result) -> np.ndarray:
+    """An image pipeline's images ``(B, H, W, 3)`` or a video pipeline's frames ``(B, F, H, W, 3)``."""
+    frames = getattr(result, "frames", None)
+    return np.asarray(result.images if frames is None else frames)
+
+
+def save_output(output: np.ndarray, path: Path) -> str:
+    """Write the first image or the first video (``.mp4`` or ``.gif``) to ``path``; returns the path written.
+
+    The extension was checked against the pipeline's kind before drawing; should the output still be of the
+    other kind, it goes to the default file name of its kind, with a warning, rather than be lost.
+    """
+    from diffusers.utils import numpy_to_pil
+
+    video = output.ndim == 5
+    if (output_kind(str(path)) == "video") != video:
+        fallback = Path(DEFAULT_OUT["video" if video else "image"])
+        made = "a video" if video else "an image"
+        warnings.warn(f"the pipeline made {made}: writing {fallback}", ParadiffWarning, stacklevel=2)
+        path = path.with_name(fallback.name)
+    if not video:
+        numpy_to_pil(output)[0].save(path)
+    elif path.suffix.lower() == ".gif":
+        from diffusers.utils import export_to_gif
+
+        export_to_gif(numpy_to_pil(output[0]), str(path), fps=8)
+    else:
+        from diffusers.utils import export_to_video
+
+        export_to_video(list(output[0]), str(path), fps=8)
+    return str(path)

@@ -1,0 +1,116 @@
+"""Safe loading: safetensors only unless pickled weights are allowed, no code shipped with a model ever runs,
+and a model that cannot be found says why in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from diffusers import StableDiffusionPipeline
+
+from paradiff import ParadiffError
+from paradiff.cli import main
+from paradiff.loading import check_model, load_pipeline
+
+MODEL = "paradiff-tiny"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """The built-in U-Net pipeline saved twice: with pickled weights only, and with safetensors."""
+    root = tmp_path_factory.mktemp("saved")
+    pipe = load_pipeline(MODEL)
+    pipe.save_pretrained(root / "pickled", safe_serialization=False)
+    pipe.save_pretrained(root / "safe")
+    return {"pickled": root / "pickled", "safe": root / "safe", "unet": pipe.unet.state_dict()}
+
+
+def test_the_pickled_folder_really_holds_pickled_weights(folders):
+    # transformers 5 writes safetensors whatever it is asked: the text encoder's stay safe
+    for component in ("unet", "vae"):
+        assert [path.suffix for path in (folders["pickled"] / component).glob("*.*") if path.suffix != ".json"] == [
+            ".bin"
+        ]
+
+
+def test_pickled_weights_are_refused_naming_the_flag(folders):
+    with pytest.raises(ParadiffError, match="--allow-pickle") as refusal:
+        load_pipeline(str(folders["pickled"]))
+    assert "allow_pickle=True" in str(refusal.value) and "\n" not in str(refusal.value)
+
+
+def test_pickled_weights_load_when_allowed(folders):
+    pipe = load_pipeline(str(folders["pickled"]), allow_pickle=True)
+    assert isinstance(pipe, StableDiffusionPipeline)
+    for name, value in pipe.unet.state_dict().items():
+        assert torch.equal(value, folders["unet"][name]), name
+
+
+def test_safetensors_load(folders):
+    pipe = load_pipeline(str(folders["safe"]), dtype=torch.bfloat16)
+    assert isinstance(pipe, StableDiffusionPipeline) and pipe.unet.dtype == torch.bfloat16
+
+
+def test_the_cli_refuses_pickled_weights_in_one_line_and_loads_them_with_allow_pickle(folders, tmp_path, capsys):
+    argv = ["generate", "a red circle", "--model", str(folders["pickled"]), "--nproc", "1", "--steps", "1"]
+    out = tmp_path / "x.png"
+    assert main([*argv, "--size", "32", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("paradiff: error: ") and "--allow-pickle" in err
+    assert not out.exists()
+    assert main([*argv, "--size", "32", "--out", str(out), "--allow-pickle"]) == 0
+    assert out.is_file()
+
+
+def _with_code(tmp_path, folders, component: str | None):
+    """A copy of the safe folder whose pipeline (component None) or ``component`` is a class of its own code."""
+    folder = tmp_path / "custom"
+    shutil.copytree(folders["safe"], folder)
+    marker = tmp_path / "code-ran"
+    index = json.loads((folder / "model_index.json").read_text())
+    module_dir = folder if component is None else folder / component
+    (module_dir / "custom_code.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from diffusers import StableDiffusionPipeline, UNet2DConditionModel\n"
+        "class Custom(StableDiffusionPipeline):\n    pass\nclass CustomUNet(UNet2DConditionModel):\n    pass\n"
+    )
+    if component is None:
+        index["_class_name"] = ["custom_code", "Custom"]
+    else:
+        index[component] = ["custom_code", "CustomUNet"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return folder, marker
+
+
+@pytest.mark.parametrize("component", [None, "unet"])
+def test_code_shipped_with_a_model_never_runs(tmp_path, folders, component):
+    folder, marker = _with_code(tmp_path, folders, component)
+    with pytest.raises(ParadiffError, match="never runs code"):
+        load_pipeline(str(folder), allow_pickle=True)
+    if component is None:  # a custom pipeline class is refused before any worker starts, too
+        with pytest.raises(ParadiffError, match="never runs code"):
+            check_model(str(folder))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("./no/such/folder", "no pipeline folder ./no/such/folder: not found"),
+        ("no-such-model", "unknown model 'no-such-model'"),
+        ("nobody/nothing", "hub model nobody/nothing is not in the local Hugging Face cache, and the hub is off"),
+    ],
+)
+def test_a_model_that_cannot_be_found_says_why(monkeypatch, model, message):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ParadiffError, match=message):
+        check_model(model)
+
+
+def test_a_folder_without_a_model_index(tmp_path):
+    with pytest.raises(ParadiffError, match="holds no model_index.json: not a diffusers pipeline folder"):
+        check_model(str(tmp_path))
