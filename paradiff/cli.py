@@ -150,7 +150,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows ``(default: X)`` after every option that has a default, except flags and what the help explains."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False) or "default:" in (action.help or ""):
+        if action.default is None or action.default is False or "default:" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -170,8 +170,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     parser.add_argument("--steps", type=int, default=20, help="inference steps")
     parser.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the noise (prompt i of bench uses seed + i)")
-    parser.add_argument("--threads", type=int, help="torch threads per rank (default: CPU cores / ranks; 0 too)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    parser.add_argument("--threads", type=int, help="torch threads per rank (default, or 0: CPU cores / ranks)")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show third-party warnings and logs, and every rank's output"
     )
@@ -245,8 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
 # --- errors, interrupts, exit status ------------------------------------------------------------------
 
 
-def _say(text: str) -> None:
-    print(f"paradiff: {' '.join(text.split())}", file=sys.stderr, flush=True)
+def _say(text: str, after_bars: bool = False) -> None:
+    """One line on stderr; ``after_bars``: on a new line, where a progress bar may have been cut short."""
+    start = "\n" if after_bars and sys.stderr.isatty() else ""
+    print(f"{start}paradiff: {' '.join(text.split())}", file=sys.stderr, flush=True)
 
 
 def _write_log(text: str) -> Path:
@@ -289,17 +291,17 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"error: {error}")
             return EXIT_BAD_INPUT
         except RanksFailed as error:
-            _say(f"error: {error} (details in {error.log})")
+            _say(f"error: {error} (details in {error.log})", after_bars=True)
             return EXIT_FAILED
         except KeyboardInterrupt:
-            _say("interrupted")
+            _say("interrupted", after_bars=True)
             return EXIT_INTERRUPTED
         except _Terminated:
-            _say("terminated")
+            _say("terminated", after_bars=True)
             return EXIT_TERMINATED
         except Exception as error:
             log = _write_log(traceback.format_exc())
-            _say(f"error: {_one_line(error)} (traceback in {log})")
+            _say(f"error: {_one_line(error)} (traceback in {log})", after_bars=True)
             return EXIT_FAILED
 
 

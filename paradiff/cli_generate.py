@@ -167,10 +167,9 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
             f"strategy='cfg' runs the two halves of classifier-free guidance on two ranks, and at guidance "
             f"{guidance:g} the pipeline runs no guidance; pass --guidance above 1, or another strategy"
         )
-    height = job.size if job.size is not None else default_height(pipe)
-    if _bins_resolution(pipe, inputs):
-        height = None
-    paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
+    if job.nproc > 1:  # one rank runs the pipeline as it is, whatever paradiff knows of it
+        height = None if _bins_resolution(pipe, inputs) else job.size or default_height(pipe)
+        paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
     return GeneratePlan(call_kwargs, Path(job.out or DEFAULT_OUT[kind]), video)
 
 

@@ -7,6 +7,7 @@ worker processes PyTorch's C++ warnings off. The progress bars of the image itse
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -32,9 +33,22 @@ QUIET_LOGGERS = ("", "transformers", "diffusers", "huggingface_hub", "torch", "a
 
 
 def quiet_warnings() -> None:
-    """Ignore every Python warning except paradiff's own (filters added later take precedence)."""
+    """Ignore every Python warning except paradiff's own, which show as one line: ``paradiff: warning: ...``."""
     warnings.filterwarnings("ignore")
-    warnings.filterwarnings("default", category=ParadiffWarning)
+    warnings.filterwarnings("default", category=ParadiffWarning)  # filters added later take precedence
+    warnings.showwarning = _show_warning
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if not issubclass(category, ParadiffWarning):
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+        return
+    stream = file or sys.stderr
+    with contextlib.suppress(OSError):  # stderr gone: as Python's own showwarning, say nothing
+        print(f"paradiff: warning: {' '.join(str(message).split())}", file=stream, flush=True)
 
 
 def quiet_libraries() -> None:
