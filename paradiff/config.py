@@ -73,6 +73,11 @@ class ParallelConfig:
         """
         return strategy_class(self.strategy).degrees(world_size, self)
 
+    def as_options(self) -> dict:
+        """The strategy and every option, shared and the strategy's own, by ``parallelize()`` keyword."""
+        own = {name: getattr(self.options, name) for name in type(self.options).names()}
+        return {"strategy": self.strategy, **{name: getattr(self, name) for name in SHARED_OPTIONS}, **own}
+
     @classmethod
     def from_options(cls, strategy: str, options: dict) -> ParallelConfig:
         return cls(strategy, **options)

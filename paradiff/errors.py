@@ -10,3 +10,10 @@ class ParadiffWarning(UserWarning):
 
     The CLI silences third-party warnings by default; warnings of this category always show.
     """
+
+
+class PeerFailure(ParadiffError, RuntimeError):
+    """Another rank died, froze or left mid-run: raised on the ranks that remain, naming it and what was waited for.
+
+    A ``RuntimeError`` too, as the transport errors it replaces were.
+    """

@@ -29,12 +29,14 @@ from datetime import timedelta
 from torch import nn
 
 from .config import ParallelConfig
-from .errors import ParadiffError
+from .errors import ParadiffError, PeerFailure
 from .layers.decode_broadcast import DecodeOnOneRankHook
 from .models import decoder_family_of, family_of
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
-from .runtime.distributed import env_world_size, local_device
+from .runtime.consensus import agree, describe_call, describe_setup
+from .runtime.distributed import RankGroup, can_join_world, env_world_size, local_device
+from .runtime.liveness import start_heartbeat
 from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
 from .strategies import strategy_class
@@ -45,6 +47,8 @@ from .strategies.patch import PatchStrategy
 from .strategies.support import strategies_for
 
 DENOISER_ATTRIBUTES = ("transformer", "unet")
+#: How to make ranks that disagree at ``parallelize`` agree.
+SAME_SETUP = "load the same model and pass the same options to parallelize() on every rank"
 
 
 @dataclass
@@ -73,6 +77,8 @@ class ParallelState:
     strategy_part: ParallelPart | None
     cfg_part: ParallelPart | None
     decoder_part: ParallelPart | None
+    #: The failure of a call that lost a peer rank: its process groups are broken, so later calls fail at once.
+    lost: PeerFailure | None = None
 
     @property
     def parts(self) -> list[ParallelPart]:
@@ -81,6 +87,17 @@ class ParallelState:
         return [part for part in parts if part is not None]
 
     def call(self, pipe, stock_call, args: tuple, kwargs: dict):
+        if self.lost is not None:
+            raise PeerFailure(f"an earlier call lost a rank, so this pipeline cannot run any more: {self.lost}")
+        try:
+            return self._call(pipe, stock_call, args, kwargs)
+        except PeerFailure as failure:
+            self.lost = failure
+            raise
+
+    def _call(self, pipe, stock_call, args: tuple, kwargs: dict):
+        call = describe_call(inspect.signature(stock_call), pipe, args, kwargs)
+        agree(call, self.world, "the call's arguments", "pass the same arguments to pipe(...) on every rank")
         if self.strategy is not None and kwargs.get("height") and not _may_resize(stock_call, kwargs):
             degree = self.strategy_part.comm.size
             self.strategy.check_height(self.denoiser, degree, kwargs["height"], _vae_scale_factor(pipe))
@@ -88,12 +105,21 @@ class ParallelState:
         for part in self.parts:
             part.begin_run()
         steering = self.strategy_part.installed.steer(pipe) if self.strategy_part else contextlib.nullcontext()
+        inside = self.parts[0].comm.failures_named("a transfer of diffusers' own code")  # its context parallelism
+        lost_a_rank = False
         try:
-            with steering:
+            with steering, inside:
                 return stock_call(pipe, *args, **kwargs)
+        except PeerFailure:
+            lost_a_rank = True  # transfers to a lost rank never end: nothing to drain
+            raise
         finally:
-            for part in self.parts:
-                part.comm.state.drain()
+            if not lost_a_rank:
+                self.drain()
+
+    def drain(self) -> None:
+        for part in self.parts:
+            part.comm.state.drain()
 
 
 class _ParallelCall:
@@ -179,14 +205,25 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if isinstance(getattr(pipe, "_paradiff", None), ParallelState):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     world_size = env_world_size()
-    check_parallelize(pipe, world_size=world_size, config=config)
+    try:
+        check_parallelize(pipe, world_size=world_size, config=config)
+        refusal = None
+    except ParadiffError as error:
+        if world_size == 1 or not can_join_world():
+            raise
+        refusal = error  # raised once the ranks agree on what they run: a rank that differs is named instead
     if world_size == 1:
         return pipe
+    everyone = RankGroup.world(timedelta(seconds=config.timeout_s))
+    start_heartbeat()
+    setup = describe_setup(pipe, config.as_options())
+    agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
+    if refusal is not None:
+        raise refusal
     denoiser = find_denoiser(pipe)
     strategy_cls = strategy_class(config.strategy)
     family = family_of(denoiser, any_model=strategy_cls.model_agnostic)
-    cfg, degree = config.degrees(world_size)
-    groups = build_mesh(cfg, degree, timedelta(seconds=config.timeout_s))
+    groups = build_mesh(*config.degrees(world_size), everyone)
     device = local_device()
     if device.type == "cuda" and denoiser.device != device:
         pipe.to(device)

@@ -214,19 +214,6 @@ def banded_decode(rows: int) -> dict:
     return {"max_error": float((decoded - reference).abs().max()), "bytes_sent": sent}
 
 
-def disagreeing_generators() -> str:
-    """Rank 0 passes a generator, the others do not: every rank gets the same clear error."""
-    pipe = paradiff.parallelize(build_pipeline("sd"), warmup_steps=1)
-    extra = {"generator": torch.Generator().manual_seed(0)} if dist.get_rank() == 0 else {}
-    try:
-        pipe(**prompt_inputs(pipe, "sd"), height=64, width=64, num_inference_steps=1, output_type="np", **extra)
-    except ParadiffError as error:
-        return str(error)
-    finally:
-        paradiff.unparallelize(pipe)
-    return ""
-
-
 def half_precision(family: str, dtype_name: str) -> dict:
     """The model's dtype flows through the exchanges: same result as one device, half the bytes of fp32."""
     dtype = getattr(torch, dtype_name)

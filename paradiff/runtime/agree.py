@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ParadiffError
 from .comm import Communicator
 
 
@@ -29,7 +28,6 @@ def agreed_seed(comm: Communicator) -> int:
 def agree_on_noise(kwargs: dict, comm: Communicator) -> dict:
     """``kwargs`` of a pipeline call with generator and latents made identical on every rank of ``comm``."""
     kwargs = dict(kwargs)
-    _check_same_noise_arguments(kwargs, comm)
     generator = kwargs.get("generator")
     if generator is None:
         kwargs["generator"] = torch.Generator("cpu").manual_seed(agreed_seed(comm))
@@ -39,18 +37,3 @@ def agree_on_noise(kwargs: dict, comm: Communicator) -> dict:
     if isinstance(kwargs.get("latents"), torch.Tensor):
         kwargs["latents"] = broadcast_from_first(kwargs["latents"], comm)
     return kwargs
-
-
-def _check_same_noise_arguments(kwargs: dict, comm: Communicator) -> None:
-    """Every rank must pass (or omit) the same kinds of noise arguments, or the agreement would not match."""
-    generator = kwargs.get("generator")
-    count = len(generator) if isinstance(generator, (list, tuple)) else int(generator is not None)
-    mine = torch.tensor([count, int(isinstance(kwargs.get("latents"), torch.Tensor))], dtype=torch.int64)
-    everyone = [torch.empty_like(mine, device=comm.device) for _ in range(comm.size)]
-    comm.wait([comm.all_gather(everyone, mine.to(comm.device))[0]])
-    if any(not torch.equal(other.cpu(), mine) for other in everyone):
-        seen = [other.tolist() for other in everyone]
-        raise ParadiffError(
-            f"ranks disagree on the noise arguments ([generators, latents given] per rank: {seen}); "
-            "pass the same generator and latents arguments on every rank, or none"
-        )

@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from .distributed import RankGroup
+from .failures import is_transport_failure, peer_failure
 from .step_state import StepState
 
 #: A layer waited for this step's data from other ranks (warm-up, or a re-plan after a shape change).
@@ -154,6 +156,17 @@ class CommStats:
         return summary
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """A transfer in flight: torch's work handle, and what it is and with whom, for the error if it fails."""
+
+    work: object
+    #: e.g. "the all-gather", "the send to rank 1" (ranks within the group).
+    operation: str
+    #: The other ranks it exchanges with, numbered within the group.
+    peers: tuple[int, ...]
+
+
 #: Default of ``Communicator.bucket_limit_bytes``.
 BUCKET_LIMIT_BYTES = 256 * 1024
 
@@ -203,38 +216,81 @@ class Communicator:
         """Count ``exchanges`` exchanges of ``kind``, the bytes this rank sent and the seconds it was blocked."""
         self.stats.record(self.state.step if step is None else step, kind, nbytes, wait_s, exchanges)
 
-    def wait(self, works) -> float:
-        """Wait for ``works`` (each bounded by the group's timeout); returns the seconds spent blocked."""
+    def wait(self, transfers: list[Transfer]) -> float:
+        """Wait for ``transfers`` (each bounded by the group's timeout); returns the seconds spent blocked.
+
+        A transfer that fails because a peer died or froze raises :class:`~paradiff.errors.PeerFailure`.
+        """
         start = time.perf_counter()
-        for work in works:
-            work.wait(self.ranks.timeout)
+        for transfer in transfers:
+            with self.failures_named(transfer.operation, transfer.peers):
+                transfer.work.wait(self.ranks.timeout)
         return time.perf_counter() - start
+
+    @contextmanager
+    def failures_named(self, operation: str, peers: tuple[int, ...] | None = None) -> Iterator[None]:
+        """Raise a transport's failure inside the block again as a ``PeerFailure`` naming ``operation``, the
+        step, the peers (ranks within the group; default: all others) and the timeout."""
+        try:
+            yield
+        except Exception as error:
+            if not is_transport_failure(error):
+                raise
+            others = [rank for rank in range(self.size) if rank != self.rank] if peers is None else peers
+            step = self.state.step
+            where = f"{operation} at step {step}" if step >= 0 else f"{operation} before the first step"
+            global_peers = [self.ranks.global_rank(rank) for rank in others]
+            raise peer_failure(error, where, global_peers, self.ranks.timeout) from error
+
+    def _launch(self, operation: str, peers: tuple[int, ...] | None, start: Callable[[], object]) -> Transfer:
+        with self.failures_named(operation, peers):
+            work = start()
+        others = tuple(rank for rank in range(self.size) if rank != self.rank) if peers is None else peers
+        return Transfer(work, operation, others)
 
     def _group(self, background: bool) -> dist.ProcessGroup:
         return self.ranks.background if background else self.ranks.group
 
-    def send(self, tensor: torch.Tensor, to: int, tag: int, background: bool = False) -> tuple[object, int]:
-        """Start sending ``tensor`` (contiguous, kept alive by the caller until sent) to rank ``to``; (work, bytes)."""
-        work = dist.isend(tensor, self.ranks.global_rank(to), group=self._group(background), tag=tag)
-        return work, tensor_bytes(tensor)
+    def send(self, tensor: torch.Tensor, to: int, tag: int, background: bool = False) -> tuple[Transfer, int]:
+        """Start sending ``tensor`` (contiguous, kept alive by the caller until sent) to rank ``to``; (transfer,
+        bytes)."""
+        peer, group = self.ranks.global_rank(to), self._group(background)
+        transfer = self._launch(f"the send to rank {peer}", (to,), lambda: dist.isend(tensor, peer, group, tag=tag))
+        return transfer, tensor_bytes(tensor)
 
-    def receive(self, buffer: torch.Tensor, source: int, tag: int, background: bool = False):
-        """Start receiving rank ``source``'s message ``tag`` into ``buffer``; the work."""
-        return dist.irecv(buffer, self.ranks.global_rank(source), group=self._group(background), tag=tag)
+    def receive(self, buffer: torch.Tensor, source: int, tag: int, background: bool = False) -> Transfer:
+        """Start receiving rank ``source``'s message ``tag`` into ``buffer``; the transfer."""
+        peer, group = self.ranks.global_rank(source), self._group(background)
+        return self._launch(
+            f"the receive from rank {peer}", (source,), lambda: dist.irecv(buffer, peer, group, tag=tag)
+        )
 
-    def broadcast(self, tensor: torch.Tensor, source: int, background: bool = False) -> tuple[object, int]:
-        """Start overwriting ``tensor`` (contiguous) with rank ``source``'s; (work, bytes this rank sent)."""
-        work = dist.broadcast(tensor, self.ranks.global_rank(source), group=self._group(background), async_op=True)
-        return work, (tensor_bytes(tensor) * (self.size - 1) if self.rank == source else 0)
+    def broadcast(self, tensor: torch.Tensor, source: int, background: bool = False) -> tuple[Transfer, int]:
+        """Start overwriting ``tensor`` (contiguous) with rank ``source``'s; (transfer, bytes this rank sent)."""
+        peer, group = self.ranks.global_rank(source), self._group(background)
+        peers = None if self.rank == source else (source,)
+        transfer = self._launch(
+            f"the broadcast from rank {peer}", peers, lambda: dist.broadcast(tensor, peer, group=group, async_op=True)
+        )
+        return transfer, (tensor_bytes(tensor) * (self.size - 1) if self.rank == source else 0)
 
     def all_gather(self, pieces: list[torch.Tensor], tensor: torch.Tensor, background: bool = False):
-        """Start gathering every rank's ``tensor`` into ``pieces``; (work, bytes this rank sent)."""
-        work = dist.all_gather(pieces, tensor, group=self._group(background), async_op=True)
-        return work, tensor_bytes(tensor) * (self.size - 1)
+        """Start gathering every rank's ``tensor`` into ``pieces``; (transfer, bytes this rank sent)."""
+        group = self._group(background)
+        transfer = self._launch("the all-gather", None, lambda: dist.all_gather(pieces, tensor, group, async_op=True))
+        return transfer, tensor_bytes(tensor) * (self.size - 1)
+
+    def all_gather_object(self, value) -> list:
+        """Every rank's picklable ``value``, in rank order (waited for now)."""
+        values: list = [None] * self.size
+        with self.failures_named("the all-gather of objects"):
+            dist.all_gather_object(values, value, group=self.ranks.group)
+        return values
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the ranks in place (waited for now)."""
-        self.wait([dist.all_reduce(tensor, group=self.ranks.group, async_op=True)])
+        group = self.ranks.group
+        self.wait([self._launch("the all-reduce", None, lambda: dist.all_reduce(tensor, group=group, async_op=True))])
         return tensor
 
     def swap_with_neighbours(self, send: tuple, receive: tuple, tags: tuple[int, int], background: bool = False):
@@ -244,18 +300,23 @@ class Communicator:
         it has no neighbour on. Returns the works and the bytes this rank sent.
         """
         (to_above, to_below), (from_above, from_below) = send, receive
-        group, ops, nbytes = self._group(background), [], 0
+        group, ops, neighbours, nbytes = self._group(background), [], (), 0
         if self.rank > 0:
             peer = self.ranks.global_rank(self.rank - 1)
             ops += [dist.P2POp(dist.isend, to_above, peer, group, tags[0])]
             ops += [dist.P2POp(dist.irecv, from_above, peer, group, tags[1])]
-            nbytes += tensor_bytes(to_above)
+            neighbours, nbytes = (*neighbours, self.rank - 1), nbytes + tensor_bytes(to_above)
         if self.rank < self.size - 1:
             peer = self.ranks.global_rank(self.rank + 1)
             ops += [dist.P2POp(dist.isend, to_below, peer, group, tags[1])]
             ops += [dist.P2POp(dist.irecv, from_below, peer, group, tags[0])]
-            nbytes += tensor_bytes(to_below)
-        return (dist.batch_isend_irecv(ops) if ops else []), nbytes
+            neighbours, nbytes = (*neighbours, self.rank + 1), nbytes + tensor_bytes(to_below)
+        if not ops:
+            return [], nbytes
+        operation = "the swap of boundary rows with the neighbouring bands"
+        with self.failures_named(operation, neighbours):
+            works = dist.batch_isend_irecv(ops)
+        return [Transfer(work, operation, neighbours) for work in works], nbytes
 
     def bucket(self) -> DisplacedBucket:
         """The displaced-transfer bucket of the current call context and call slot."""

@@ -30,11 +30,19 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def can_join_world() -> bool:
+    """Whether a process group exists or the torchrun environment says how to create one."""
+    return dist.is_initialized() or all(name in os.environ for name in TORCHRUN_VARIABLES)
+
+
 def ensure_process_group(timeout: timedelta) -> None:
     """Create the default process group from the torchrun environment if none exists yet."""
     if dist.is_initialized():
         return
-    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
         raise RuntimeError(
             f"no torch.distributed process group exists and the torchrun variables {missing} are not set; "

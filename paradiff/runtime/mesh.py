@@ -16,7 +16,6 @@ only the cfg gather cross nodes. The groups are made with ``dist.new_group`` rat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,9 +36,9 @@ class MeshGroups:
     strategy: RankGroup | None
 
 
-def build_mesh(cfg: int, degree: int, timeout: timedelta) -> MeshGroups:
-    """The groups of a ``cfg`` × ``degree`` mesh (``cfg`` is 1 or 2); called on every rank alike."""
-    world = RankGroup.world(timeout)
+def build_mesh(cfg: int, degree: int, world: RankGroup) -> MeshGroups:
+    """The groups of a ``cfg`` × ``degree`` mesh (``cfg`` is 1 or 2) over ``world``; called on every rank alike."""
+    timeout = world.timeout
     if cfg == 1:
         return MeshGroups(world=world, cfg=None, strategy=world)
     if degree == 1:

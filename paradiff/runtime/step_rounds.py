@@ -113,7 +113,7 @@ class StepRounds:
 
     def _open_round(self, like: torch.Tensor, timestep) -> _Round:
         if self.total is None:
-            self.total = self._agreed_loop_length(like, timestep)
+            self.total = self._loop_length(timestep)  # the same on every rank: their calls agree
         length = min(self.comm.size, self.total - self.step)
         if length < 1:
             raise ParadiffError(
@@ -121,20 +121,6 @@ class StepRounds:
                 "than its scheduler's timesteps"
             )
         return _Round(self.comm, self.scheduler, self.step, length, like)
-
-    def _agreed_loop_length(self, like: torch.Tensor, timestep) -> int:
-        """Steps of the whole loop, the same on every rank (or a clear error instead of a hang later)."""
-        total = self._loop_length(timestep)
-        mine = torch.tensor([total, self.step], dtype=torch.int64, device=self.comm.device)
-        everyone = [torch.empty_like(mine) for _ in range(self.comm.size)]
-        self.comm.wait([self.comm.all_gather(everyone, mine)[0]])
-        seen = [tuple(t.tolist()) for t in everyone]
-        if len(set(seen)) > 1:
-            raise ParadiffError(
-                f"ranks disagree on the denoising loop ([steps, step now] per rank: {seen}); pass the same "
-                "num_inference_steps (and strength, timesteps, sigmas) on every rank"
-            )
-        return total
 
     def _loop_length(self, timestep) -> int:
         """The loop length the pipeline recorded (``paradiff.compat.loop_length``), else from the scheduler."""

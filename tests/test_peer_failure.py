@@ -1,0 +1,117 @@
+"""A rank killed or frozen mid-call: the others raise a PeerFailure naming it, soon, and nothing is left running."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from peer_failure_job import FAILING_STEP, TIMEOUT_S, run_rank
+
+import paradiff
+from paradiff.runtime.liveness import WATCH_S
+
+JOB = Path(__file__).with_name("peer_failure_job.py")
+#: Seconds a survivor may take beyond the timeout (a frozen peer) to watch the heartbeats and report.
+REPORT_S = WATCH_S + 8
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{pid}").exists() else "X"
+    return state not in ("Z", "X")
+
+
+def _check_failure(report: dict, mode: str) -> None:
+    error = report["error"]
+    assert error is not None, "the survivor raised no PeerFailure"
+    assert error.startswith("rank 1 "), error
+    assert ("died" if mode == "kill" else "stopped responding") in error, error
+    assert f"at step {FAILING_STEP + 1}" in error and f"timeout_s={TIMEOUT_S:g}" in error, error
+    limit = REPORT_S + (TIMEOUT_S if mode == "stop" else 0)
+    assert report["seconds"] < limit, f"reported after {report['seconds']:.1f} s"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["kill", "stop"])
+def test_a_lost_rank_is_named_without_torchrun(tmp_path, mode):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=run_rank, args=(rank, mode, str(tmp_path / "store"), results)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    try:
+        report = results.get(timeout=90)
+        ranks[0].join(30)
+        assert ranks[0].exitcode == 0, "the survivor's process ends once it has raised"
+        _check_failure(report, mode)
+    finally:
+        for process in ranks:
+            process.kill()
+            process.join(10)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["kill", "stop"])
+def test_a_lost_rank_is_named_under_torchrun(mode):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0"]
+    command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--monitor-interval", "0.1"]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(JOB.parent)}
+    start = time.monotonic()
+    launched = subprocess.Popen(
+        [*command, str(JOB), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = launched.communicate(timeout=150)
+    finally:
+        os.killpg(launched.pid, signal.SIGKILL) if launched.poll() is None else None
+    seconds = time.monotonic() - start
+    assert launched.returncode != 0, "torchrun reports the failed job"
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if mode == "stop":  # the agent cannot see a frozen rank: the survivor names it
+        assert [report["rank"] for report in reports] == [0], out + err[-2000:]
+        _check_failure(reports[0], mode)
+    else:  # the agent sees the death at once and ends the job; the survivor names it if it gets there first
+        assert "exitcode  : -9" in err or any(report["error"] for report in reports), err[-2000:]
+        for report in reports:
+            _check_failure(report, mode)
+        assert seconds < 60
+    leftover = subprocess.run(["pgrep", "-f", str(JOB)], capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in leftover if _alive(int(pid))], "no rank is left running"
+
+
+@pytest.mark.parametrize(
+    ("silent", "transport_says", "expected"),
+    [
+        ([1], "Connection closed by peer [127.0.0.1]:947", "rank 1 died (its connection closed) during the all-gather"),
+        ([2], "Operation timed out!", "rank 2 stopped responding (no sign of life for"),
+        ([], "Operation timed out!", "got no answer within timeout_s=4, though ranks 1, 2 are alive"),
+        ([], "Connection closed by peer", "ranks 1, 2 closed the connection during the all-gather at step 3 while"),
+        (None, "Application timeout caused pair closure", "(no answer within timeout_s=4), and the rendezvous store"),
+    ],
+)
+def test_the_failure_names_who_from_the_heartbeats(monkeypatch, silent, transport_says, expected):
+    from datetime import timedelta
+
+    from paradiff.runtime import failures
+
+    monkeypatch.setattr(failures, "silent_ranks", lambda ranks: silent)
+    error = RuntimeError(transport_says)
+    assert failures.is_transport_failure(error) and not failures.is_transport_failure(ValueError("bad height"))
+    failure = failures.peer_failure(error, "the all-gather at step 3", [1, 2], timedelta(seconds=4))
+    assert expected in str(failure), str(failure)
+    assert isinstance(failure, RuntimeError) and isinstance(failure, paradiff.ParadiffError)
