@@ -86,7 +86,7 @@ def generate(args: argparse.Namespace) -> int:
         frames=args.frames,
         seed=args.seed,
         warmup=args.warmup,
-        out=args.out,
+        out=None if args.out is None else str(Path(args.out).expanduser()),
         baseline=not args.no_baseline,
         threads=_threads_per_rank(args),
         device=args.device,

@@ -24,6 +24,7 @@ import contextlib
 import os
 import pickle
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -153,10 +154,9 @@ class _Workers:
             if not worker.closed:
                 os.close(worker.result_fd)
             if worker.process.stdin is not None:
-                worker.process.stdin.close()
-        for path in self.store_dir.iterdir():
-            path.unlink()
-        self.store_dir.rmdir()
+                with contextlib.suppress(OSError):
+                    worker.process.stdin.close()
+        shutil.rmtree(self.store_dir, ignore_errors=True)
         if not self.keep_log:
             self.log.unlink(missing_ok=True)
 
@@ -332,7 +332,8 @@ class _Workers:
         deadline = time.monotonic() + EXIT_GRACE_S
         for worker in self.workers:
             if worker.process.stdin is not None and not worker.process.stdin.closed:
-                worker.process.stdin.close()
+                with contextlib.suppress(OSError):
+                    worker.process.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):  # stop() kills what is left
                 worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
 
