@@ -1,8 +1,9 @@
-"""Exceptions paradiff raises for bad input; each message names what would work."""
+"""Exceptions paradiff raises; each message names what went wrong and what would work."""
 
 
 class ParadiffError(ValueError):
-    """A configuration, input or model that paradiff cannot run, found before any collective."""
+    """A configuration, input or model that paradiff cannot run, found before any work; ranks that disagree on
+    what they run; or (:class:`PeerFailure`) a rank lost mid-run."""
 
 
 class ParadiffWarning(UserWarning):
