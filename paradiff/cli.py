@@ -21,7 +21,7 @@ from pathlib import Path
 from . import __version__
 from .cli_generate import DTYPES, GenerateJob, generate_on_rank, output_kind
 from .cli_output import quiet_output, summary_lines, times_sign
-from .errors import ParadiffError
+from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, ranks_to_use, run_on_ranks, under_torchrun
 from .loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model
 from .strategies import strategy_names
@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     with _sigterm_raises():
         try:
             return args.func(args)
+        except PeerFailure as error:  # under torchrun: another rank died or froze mid-run
+            _say(f"error: {error}", after_bars=True)
+            return EXIT_FAILED
         except ParadiffError as error:
             _say(f"error: {error}")
             return EXIT_BAD_INPUT

@@ -125,7 +125,7 @@ def main() -> None:
 
         quiet_warnings()
 
-    from .errors import ParadiffError
+    from .errors import ParadiffError, PeerFailure
 
     rank = os.environ.get("RANK", "?")
     try:
@@ -141,12 +141,14 @@ def main() -> None:
 
         dist.barrier()  # no rank leaves while another may still exchange with it
         message = ("ok", value)
-    except ParadiffError as error:
-        message = ("paradiff", str(error))
     except BaseException as error:
-        with open(settings["log"], "a") as log:
-            log.write(f"--- rank {rank} (pid {os.getpid()}) ---\n{traceback.format_exc()}\n")
-        message = ("error", _one_line(error))
+        # bad input is a ParadiffError; a PeerFailure (another rank died or froze mid-run) is not
+        if isinstance(error, ParadiffError) and not isinstance(error, PeerFailure):
+            message = ("paradiff", str(error))
+        else:
+            with open(settings["log"], "a") as log:
+                log.write(f"--- rank {rank} (pid {os.getpid()}) ---\n{traceback.format_exc()}\n")
+            message = ("error", _one_line(error))
     sys.stdout.flush()
     sys.stderr.flush()
     _send(result_fd, message)
