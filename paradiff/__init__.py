@@ -8,12 +8,13 @@ argument checks stay fast.
 """
 
 from .config import ParallelConfig
-from .errors import ParadiffError, ParadiffWarning
+from .errors import ParadiffError, ParadiffWarning, PeerFailure
 
 __all__ = [
     "ParallelConfig",
     "ParadiffError",
     "ParadiffWarning",
+    "PeerFailure",
     "check_parallelize",
     "comm_stats",
     "parallelize",
