@@ -22,18 +22,19 @@ def place_of(x: float, y: float) -> str:
     return cells[(column, row)]
 
 
-def where_is(image: np.ndarray, colour: str) -> str | None:
+def where_is(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> str | None:
     """The cell where ``colour`` sits in an (H, W, 3) uint8 or [0, 1] float image, or None if it is absent.
 
     Every pixel takes the name of its nearest palette colour; the pixels named ``colour`` must cover
-    ``MIN_AREA`` of the picture, and their centroid gives the cell.
+    ``min_area`` of the picture, and their centroid gives the cell. Both are fractions of the picture,
+    so the reading does not depend on its size in pixels.
     """
     pixels = np.asarray(image, dtype=np.float64)
     if pixels.max() <= 1.0:
         pixels = pixels * 255
     distance = ((pixels[:, :, None, :] - _PALETTE[None, None]) ** 2).sum(-1)
     mask = distance.argmin(-1) == _PALETTE_NAMES.index(colour)
-    if mask.mean() < MIN_AREA:
+    if mask.mean() < min_area:
         return None
     rows, cols = np.nonzero(mask)
     height, width = mask.shape
@@ -50,3 +51,45 @@ def background_of(image: np.ndarray) -> str:
     names = list(BACKGROUNDS)
     distances = [np.sum((median - np.array(BACKGROUNDS[name])) ** 2) for name in names]
     return names[int(np.argmin(distances))]
+
+
+def asked_by(prompt: str) -> tuple[list[tuple[str, str | None]], str | None]:
+    """What a caption-style prompt asks for: ``([(colour, place or None), ...], background or None)``.
+
+    One ``(colour, place)`` per shape (shapes are joined by " and "); the place is the longest place
+    phrase in that shape's words ("at the top left", not "at the top").
+    """
+    shapes, background = [], None
+    for name in BACKGROUNDS:
+        if f"on a {name} background" in prompt:
+            background = name
+            prompt = prompt.replace(f"on a {name} background", "")
+    for part in prompt.split(" and "):
+        colour = next((word for word in part.split() if word in COLOURS), None)
+        if colour is None:
+            raise ValueError(f"no colour in {part!r}")
+        place = max((phrase for phrase in PLACES if f" {phrase} " in f" {part} "), key=len, default=None)
+        shapes.append((colour, place))
+    return shapes, background
+
+
+def misses(image: np.ndarray, prompt: str) -> list[str]:
+    """What ``image`` gets wrong of ``prompt`` (empty: followed), e.g. ``["red: absent", "background: black"]``.
+
+    Each asked colour must be present, in the asked place if the prompt names one; the background
+    must be the asked one if the prompt names one.
+    """
+    shapes, background = asked_by(prompt)
+    wrong = []
+    for colour, place in shapes:
+        found = where_is(image, colour)
+        if found is None or (place is not None and found != place):
+            wrong.append(f"{colour}: {found or 'absent'}")
+    if background is not None and background_of(image) != background:
+        wrong.append(f"background: {background_of(image)}")
+    return wrong
+
+
+def follows(image: np.ndarray, prompt: str) -> bool:
+    """Whether ``image`` shows every colour ``prompt`` asks for, where it asks, on the asked background."""
+    return not misses(image, prompt)

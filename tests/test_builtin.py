@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import random
+import re
+import sys
+import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +14,14 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
 from safetensors.torch import load_file
-from scene_analysis import background_of, where_is
+from scene_analysis import asked_by, background_of, misses, where_is
 
-from paradiff.builtin import WEIGHTS
+from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
 from paradiff.builtin.components import build_tokenizer
 from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES, SHAPES, SIZES, VOCABULARY, Shape, make_scenes
 from paradiff.builtin.train import mirrored, train
+from paradiff.builtin.vocabulary import KNOWN_WORDS, SUGGESTIONS
+from paradiff.errors import ParadiffWarning
 from paradiff.loading import TRAINED_MODELS, load_pipeline, prompt_kwargs
 
 
@@ -120,6 +126,120 @@ def test_builtin_model_follows_prompts(model):
         places.append(where_is(image.images[0], colour) == place)
     rates = f"background {sum(backgrounds)}, colour in place {sum(places)} of {len(places)}"
     assert len(places) >= 20 and np.mean(places) >= 0.8 and np.mean(backgrounds) >= 0.8, rates
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_prompts(text: str) -> list[str]:
+    """Every quoted prompt in ``text`` written in the built-in model's words (with a shape): its examples."""
+    quoted = dict.fromkeys(re.findall(r'"([a-z][a-z ]+)"', text))
+    return [prompt for prompt in quoted if not unknown_words(prompt) and set(prompt.split()) & set(SHAPES)]
+
+
+def test_readme_examples_are_the_checked_ones():
+    """The README shows only prompts the prompt-following test below draws (and shows some)."""
+    shown = readme_prompts(README.read_text())
+    assert shown, "README.md shows no built-in prompt"
+    assert set(shown) <= set(EXAMPLE_PROMPTS), (
+        f"not in paradiff.builtin.EXAMPLE_PROMPTS: {set(shown) - set(EXAMPLE_PROMPTS)}"
+    )
+    assert readme_prompts('"a big red circle" and "a red circle on the left" or paradiff generate "..."') == [
+        "a red circle on the left"
+    ]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model", list(TRAINED_MODELS))
+def test_example_prompts_are_followed(model):
+    """Each README example at the pipeline's default size, seeds 0 and 1: asked colours in place, asked background."""
+    kind = TRAINED_MODELS[model]
+    pipe = load_pipeline(model)
+    pipe.set_progress_bar_config(disable=True)
+    wrong = {}
+    for prompt in EXAMPLE_PROMPTS:
+        assert not unknown_words(prompt) and asked_by(prompt)[1] is not None, prompt
+        for seed in (0, 1):
+            size = DEFAULT_SIZE[kind]
+            image = pipe(
+                **call_kwargs(kind, prompt),
+                height=size,
+                width=size,
+                num_inference_steps=20,
+                generator=torch.Generator().manual_seed(seed),
+                output_type="np",
+            ).images[0]
+            assert image.shape == (size, size, 3)
+            if misses(image, prompt):
+                wrong[f"{prompt!r}, seed {seed}"] = misses(image, prompt)
+    assert not wrong, wrong
+
+
+def test_misses_reads_what_a_prompt_asks_for():
+    scene = next(s for s in make_scenes(200, seed=5) if len(s.shapes) == 2 and "background" in s.caption)
+    image = scene.draw()
+    assert asked_by(scene.caption) == ([(s.colour, s.place) for s in scene.shapes], scene.background)
+    assert misses(image, scene.caption) == []
+    other_place = next(place for place in PLACES if place not in {s.place for s in scene.shapes})
+    first = scene.shapes[0]
+    moved = scene.caption.replace(f"{first.kind} {first.place}", f"{first.kind} {other_place}")
+    assert misses(image, moved) == [f"{first.colour}: {first.place}"]
+    absent = next(c for c in COLOURS if c not in {s.colour for s in scene.shapes})
+    assert misses(image, scene.caption.replace(first.colour, absent, 1)) == [f"{absent}: absent"]
+    other_background = next(b for b in BACKGROUNDS if b != scene.background)
+    assert misses(image, scene.caption.replace(scene.background, other_background)) == [
+        f"background: {scene.background}"
+    ]
+
+
+def test_unknown_words_are_what_the_tokenizer_cannot_read():
+    tokenizer = build_tokenizer()
+    prompts = [
+        "A BIG red circle, in the middle!",
+        "a grey-ish square at the top-left",
+        "3 red circles",
+        *EXAMPLE_PROMPTS,
+    ]
+    for prompt in prompts:
+        ids = tokenizer(prompt).input_ids[1:-1]
+        words = re.findall("[a-z]+", prompt.lower())
+        unread = [word for word, token in zip(words, ids, strict=True) if token == tokenizer.unk_token_id]
+        assert unknown_words(prompt) == list(dict.fromkeys(unread)), prompt
+    assert unknown_words("a big red circle in the middle, big") == ["big", "middle"]
+    assert all(not unknown_words(scene.caption) for scene in make_scenes(200, seed=6))
+    assert all(not unknown_words(prompt) for prompt in follow_prompts())
+
+
+def test_unknown_words_warn_naming_them_and_listing_the_vocabulary():
+    with pytest.warns(ParadiffWarning) as caught:
+        assert warn_unknown_words("a big red circle in the middle") == ["big", "middle"]
+    message = str(caught[0].message)
+    assert "'big'" in message and "'middle'" in message and "'big' -> 'large'" in message
+    for words in KNOWN_WORDS.values():
+        assert all(word in message for word in words)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_unknown_words(EXAMPLE_PROMPTS[0]) == []
+        assert call_kwargs("sd", EXAMPLE_PROMPTS[1]) == {"prompt": EXAMPLE_PROMPTS[1], "guidance_scale": 2.0}
+    with pytest.warns(ParadiffWarning, match="'zebra'"):
+        call_kwargs("pixart", "a zebra")
+    assert call_kwargs("pixart", "a red circle", warn=False)["use_resolution_binning"] is False
+
+
+def test_suggestions_name_known_words_for_unknown_ones():
+    for unknown, known in SUGGESTIONS.items():
+        assert unknown_words(unknown) == [unknown] and not unknown_words(known), (unknown, known)
+
+
+def test_only_rank_zero_warns(monkeypatch):
+    """Under a process group each rank calls the pipeline: the job warns once, on rank 0."""
+    for rank, expected in ((1, 0), (0, 1)):
+        fake = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda r=rank: r)
+        monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_unknown_words("a big circle")
+        assert len(caught) == expected, rank
 
 
 def test_missing_weights_say_how_to_rebuild(monkeypatch, tmp_path):

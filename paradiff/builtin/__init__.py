@@ -3,7 +3,8 @@
 One folder, ``paradiff-tiny/``, holds the shared components (VAE, text encoder, tokenizer) and two
 pipeline folders on top of them: ``sd/`` (``StableDiffusionPipeline`` with a U-Net) and ``pixart/``
 (``PixArtAlphaPipeline`` with a DiT). Each pipeline folder links the shared components, so both load
-with a plain ``from_pretrained(folder)``, offline.
+with a plain ``from_pretrained(folder)``, offline. Prompts must use the captions' words
+(:func:`unknown_words`, :func:`warn_unknown_words`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ParadiffError
+from .vocabulary import EXAMPLE_PROMPTS, unknown_words, warn_unknown_words
+
+__all__ = [
+    "DEFAULT_SIZE",
+    "EXAMPLE_PROMPTS",
+    "GUIDANCE_SCALE",
+    "PIPELINES",
+    "WEIGHTS",
+    "call_kwargs",
+    "pipeline_folder",
+    "unknown_words",
+    "warn_unknown_words",
+]
 
 WEIGHTS = Path(__file__).with_name("paradiff-tiny")
 PIPELINES = ("sd", "pixart")
@@ -18,6 +32,12 @@ PIPELINES = ("sd", "pixart")
 #: SD, 4.5 for PixArt) push this small model's colours into their neighbours (orange into yellow, purple
 #: into blue); these values were picked on prompts other than the tests' (see README).
 GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0}
+#: The picture size (px) each pipeline is drawn at by default. The U-Net was trained at 128 px and tells
+#: places apart only there (its 4x4 bottleneck's zero padding marks the 3x3 grid; at 256 px and up it
+#: repeats shapes along the borders). The DiT, trained at 256 px, places shapes as well at 512 px
+#: (with :func:`call_kwargs`), where one image is enough work for 2 CPU ranks to beat one
+#: (``benchmarks/builtin_default_bench.py``).
+DEFAULT_SIZE = {"sd": 128, "pixart": 512}
 
 
 def pipeline_folder(kind: str) -> Path:
@@ -31,3 +51,21 @@ def pipeline_folder(kind: str) -> Path:
             "`python -m paradiff.builtin.train`"
         )
     return folder
+
+
+def call_kwargs(kind: str, prompt: str, warn: bool = True) -> dict:
+    """The keyword arguments that make the built-in ``kind`` pipeline draw ``prompt`` as intended.
+
+    The prompt at the built-in guidance (:data:`GUIDANCE_SCALE`); for PixArt also
+    ``use_resolution_binning=False``, so it draws at the asked size (the pipeline's default draws at
+    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture). With
+    ``warn``, words the model does not know are warned about (:func:`warn_unknown_words`, rank 0 only).
+    """
+    if kind not in PIPELINES:
+        raise ParadiffError(f"unknown built-in pipeline {kind!r}; use one of {', '.join(PIPELINES)}")
+    if warn:
+        warn_unknown_words(prompt, stacklevel=3)
+    kwargs = {"prompt": prompt, "guidance_scale": GUIDANCE_SCALE[kind]}
+    if kind == "pixart":
+        kwargs["use_resolution_binning"] = False
+    return kwargs
