@@ -15,14 +15,13 @@ import warnings
 from ..errors import ParadiffWarning
 from .scenes import BACKGROUNDS, COLOURS, PLACES, SHAPES, SIZES, VOCABULARY
 
-#: The vocabulary by role, in the order the warning lists it.
+#: The vocabulary by role, in the order the warning lists it (backgrounds go in "on a ... background").
 KNOWN_WORDS = {
     "shapes": list(SHAPES),
     "sizes": list(SIZES),
     "colours": list(COLOURS),
-    "backgrounds": [f"on a {name} background" for name in BACKGROUNDS],
+    "backgrounds": list(BACKGROUNDS),
     "places": list(PLACES),
-    "joining two shapes": ["and"],
 }
 
 #: Prompts both built-in pipelines draw (the README's examples): the U-Net at 128 px and the DiT at 512 px
@@ -76,13 +75,16 @@ def unknown_words(prompt: str) -> list[str]:
 def unknown_words_message(words: list[str]) -> str:
     """The warning's text for ``words`` (unknown to the built-in model): what happens, what to say instead."""
     hints = [f"{word!r} -> {SUGGESTIONS[word]!r}" for word in words if word in SUGGESTIONS]
-    known = "; ".join(f"{role}: {', '.join(words)}" for role, words in KNOWN_WORDS.items())
+    roles = {role: ", ".join(names) for role, names in KNOWN_WORDS.items()}
+    roles["backgrounds"] += f" (as in 'on a {KNOWN_WORDS['backgrounds'][0]} background')"
+    known = "; ".join(f"{role} {names}" for role, names in roles.items())
+    it, they = ("it", "it") if len(words) == 1 else ("each", "they")
     return (
-        f"the built-in model does not know {', '.join(repr(word) for word in words)}: it reads "
-        f"{'it' if len(words) == 1 else 'each'} as an unknown token, and the picture may lose what "
-        f"{'it' if len(words) == 1 else 'they'} described"
+        f"the built-in model does not know {', '.join(repr(word) for word in words)}: it reads {it} as an "
+        f"unknown token, and the picture may lose what {they} described"
         + (f" (try {', '.join(hints)})" if hints else "")
-        + f". It knows only these words: {known}; e.g. {EXAMPLE_PROMPTS[0]!r}."
+        + f". It knows only these words: {known}; 'and' between two shapes. "
+        f"For example {EXAMPLE_PROMPTS[0]!r}."
     )
 
 
