@@ -23,7 +23,7 @@ from .cli_generate import DTYPES, GenerateJob, generate_on_rank, output_kind
 from .cli_output import quiet_output, summary_lines, times_sign
 from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, ranks_to_use, run_on_ranks, under_torchrun
-from .loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model
+from .loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model, default_size, default_strategy
 from .strategies import strategy_names
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
@@ -79,10 +79,10 @@ def generate(args: argparse.Namespace) -> int:
     job = GenerateJob(
         prompt=args.prompt,
         model=args.model,
-        strategy=args.strategy,
+        strategy=args.strategy or default_strategy(args.model),
         nproc=ranks_to_use(args.nproc),
         steps=args.steps,
-        size=args.size,
+        size=args.size or default_size(args.model),
         frames=args.frames,
         seed=args.seed,
         warmup=args.warmup,
@@ -169,7 +169,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     parser.add_argument("--steps", type=int, default=20, help="inference steps")
-    parser.add_argument("--size", type=int, help="height and width in pixels (default: the model's own)")
+    parser.add_argument(
+        "--size",
+        type=int,
+        help="height and width in pixels (default: 512 for paradiff-tiny-dit, 128 for paradiff-tiny, "
+        "the model's own otherwise)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     parser.add_argument("--threads", type=int, help="torch threads per rank (default, or 0: CPU cores / ranks)")
     parser.add_argument(
@@ -190,7 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("prompt")
     _add_common(gen)
-    gen.add_argument("--strategy", default="patch", choices=strategy_names(), help="how the ranks share the work")
+    gen.add_argument(
+        "--strategy",
+        choices=strategy_names(),
+        help="how the ranks share the work (default: cfg for the built-in models, patch otherwise)",
+    )
     gen.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first")
     gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
     gen.add_argument(

@@ -26,7 +26,8 @@ from .errors import ParadiffError
 
 TRAINED_MODELS = {"paradiff-tiny": "sd", "paradiff-tiny-dit": "pixart"}
 RANDOM_MODELS = {"random-sd": "sd", "random-pixart": "pixart"}
-DEFAULT_MODEL = "paradiff-tiny"
+#: ``generate``'s model: the built-in DiT, at a size where two CPU ranks beat one (see :func:`default_size`).
+DEFAULT_MODEL = "paradiff-tiny-dit"
 MODEL_NAMES = (*TRAINED_MODELS, *RANDOM_MODELS)
 #: A Hugging Face hub repository id: ``owner/name``.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -184,6 +185,23 @@ def _first_line(error: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def default_size(model: str) -> int | None:
+    """``generate``'s ``--size`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_SIZE``:
+    128 px for the U-Net, 512 px for the DiT, where two CPU ranks gain); None (the pipeline's default) otherwise."""
+    if model not in TRAINED_MODELS:
+        return None
+    from .builtin import DEFAULT_SIZE
+
+    return DEFAULT_SIZE[TRAINED_MODELS[model]]
+
+
+def default_strategy(model: str) -> str:
+    """``generate``'s ``--strategy`` when none is given: ``cfg`` for the built-in models (they run classifier-free
+    guidance, and on two CPU ranks only the exact CFG split gains at their sizes), ``patch`` otherwise (a model
+    may run no CFG)."""
+    return "cfg" if model in TRAINED_MODELS else "patch"
+
+
 def prompt_kwargs(
     pipe, model: str, prompt: str, guidance: float | None = None, negative_prompt: str | None = None
 ) -> dict:
@@ -199,12 +217,12 @@ def prompt_kwargs(
 
         prompt_seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "little")
         inputs = prompt_inputs(pipe, RANDOM_MODELS[model], seed=prompt_seed)
+    elif model in TRAINED_MODELS:
+        from .builtin import call_kwargs
+
+        inputs = call_kwargs(TRAINED_MODELS[model], prompt)  # guidance 2, PixArt at the asked size, warns of words
     else:
         inputs = {"prompt": prompt}
-    if model in TRAINED_MODELS:
-        from .builtin import GUIDANCE_SCALE
-
-        inputs["guidance_scale"] = GUIDANCE_SCALE[TRAINED_MODELS[model]]
     if guidance is not None:
         inputs["guidance_scale"] = guidance
     if negative_prompt is not None:

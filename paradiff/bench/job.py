@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import ParallelConfig
 from ..errors import ParadiffError
-from ..loading import check_model
+from ..loading import check_model, default_size
 from ..strategies import strategy_class
 
 
@@ -39,7 +39,7 @@ class BenchJob:
     nproc: int
     prompts: int
     steps: int
-    size: int | None  # None: the model's own
+    size: int | None  # None: the model's own (loading.default_size)
     seed: int
     threads: int
     out: str
@@ -89,7 +89,7 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
         nproc=args.nproc,
         prompts=args.prompts,
         steps=args.steps,
-        size=args.size,
+        size=args.size or default_size(args.model),
         seed=args.seed,
         threads=threads,
         out=args.out,
