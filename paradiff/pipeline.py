@@ -185,12 +185,26 @@ def check_parallelize(
     if world_size == 1:
         return
     cfg, degree = config.degrees(world_size)
+    if height:
+        _check_model_height(denoiser, family, height, _vae_scale_factor(pipe))
     if cfg > 1:
         CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
     if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
         strategy_cls.check_model(denoiser, family, degree, config)
         if height:
             strategy_cls(config.options).check_height(denoiser, degree, height, _vae_scale_factor(pipe))
+
+
+def _check_model_height(denoiser: nn.Module, family, height: int, vae_scale_factor: int) -> None:
+    """Refuse a height the denoiser itself cannot draw: not whole rows of its latent patches."""
+    pixels = family.pixels_per_row(denoiser, vae_scale_factor)
+    if height % pixels:
+        lower, upper = height - height % pixels, height - height % pixels + pixels
+        near = f"{lower} or {upper}" if lower else str(upper)
+        raise ParadiffError(
+            f"height {height} is not a multiple of {pixels} pixels (a row of {type(denoiser).__name__}'s latent "
+            f"patches), so the model cannot draw it; use {near}"
+        )
 
 
 def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = None, **options):

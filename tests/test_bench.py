@@ -107,7 +107,7 @@ def test_an_out_folder_that_cannot_be_created(capsys, no_workers, tmp_path):
 def test_the_recorded_command_reproduces_the_job(tmp_path, size):
     args = cli.build_parser().parse_args([*BENCH, "--out", str(tmp_path), "--warmup", "4,1,4", *size])
     job = job_from_args(args, threads=1)
-    assert job.warmups == (4, 1) and job.size == (int(size[1]) if size else None)
+    assert job.warmups == (4, 1) and job.size == (int(size[1]) if size else 128)  # the built-in U-Net's own size
     assert [spec.label for spec in job.runs()] == ["one device", "patch warmup=4", "patch warmup=1"]
     again = cli.build_parser().parse_args(shlex.split(job.command())[1:])
     assert job_from_args(again, threads=again.threads) == job

@@ -43,22 +43,23 @@ THIRD_PARTY_NOISE = re.compile(r"warn|deprecat|Beautiful Soup|Expected types|Loa
 @pytest.mark.timeout(300)
 def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
     out = tmp_path / "circle.png"
-    prompt = "a large red circle at the top left on a black background"
+    prompt = "a large red circle at the top left on a white background"  # the README's first command
     done = run_cli("generate", prompt, "--out", str(out), env=cli_env(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
-    with Image.open(out) as image:
-        assert image.format == "PNG" and image.size == (128, 128) and image.mode == "RGB"
-        assert background_of(np.asarray(image)) == "black", "the picture follows the prompt"
+    with Image.open(out) as image:  # the built-in DiT at 512 px under cfg
+        assert image.format == "PNG" and image.size == (512, 512) and image.mode == "RGB"
+        assert background_of(np.asarray(image)) == "white", "the picture follows the prompt"
     lines = done.stdout.splitlines()
     assert lines[0] == f"wrote {out}" and len(lines) == 4, done.stdout
     assert re.fullmatch(r"one device: \d+\.\d\d s", lines[1]), lines
     speed = r"(\d+\.\d× (faster|slower)|as fast as one device)"
-    assert re.fullmatch(rf"2 ranks, patch: \d+\.\d\d s, {speed}, PSNR \d+\.\d dB against one device", lines[2]), lines
+    exact = r"(identical to one device|equal to one device within float round-off \(PSNR \d+ dB\))"
+    assert re.fullmatch(rf"2 ranks, cfg: \d+\.\d\d s, {speed}, {exact}", lines[2]), lines
     assert re.fullmatch(r"traffic: \d+(\.\d)? kB per step per rank, \d+\.\d\d s waiting for other ranks", lines[3])
     # quiet: only rank 0's two labelled step bars on stderr, no third-party message, no loading bar
     assert not THIRD_PARTY_NOISE.search(done.stderr), done.stderr[-3000:]
     bars = {line.split(":")[0] for line in re.split(r"[\r\n]+", done.stderr) if line.strip()}
-    assert bars == {"one device", "2 ranks, patch"}, done.stderr[-3000:]
+    assert bars == {"one device", "2 ranks, cfg"}, done.stderr[-3000:]
     assert not list(tmp_path.glob("paradiff-*")), "no log or store folder is left after a good run"
 
 
@@ -66,18 +67,19 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--strategy", "pipefusion"], "strategy='pipefusion' does not support UNet2DConditionModel"),
+        (["--model", "paradiff-tiny", "--strategy", "pipefusion"], "strategy='pipefusion' does not support UNet2DCon"),
         (["--model", "paradiff-tiny-dit", "--strategy", "ring"], "strategy='ring' does not run on CPU"),
-        (["--size", "136"], "height 136 is not divisible by 64"),
+        (["--model", "paradiff-tiny", "--strategy", "patch", "--size", "136"], "height 136 is not divisible by 64"),
+        (["--size", "136"], "height 136 is not a multiple of 32 pixels (a row of PixArtTransformer2DModel's"),
         (
             ["--frames", "8"],
-            "--frames is for video pipelines, and paradiff-tiny (StableDiffusionPipeline) makes images",
+            "--frames is for video pipelines, and paradiff-tiny-dit (PixArtAlphaPipeline) makes images",
         ),
-        (["--out", "{tmp}/x.mp4"], "--out {tmp}/x.mp4 is a file for videos, and paradiff-tiny"),
+        (["--out", "{tmp}/x.mp4"], "--out {tmp}/x.mp4 is a file for videos, and paradiff-tiny-dit"),
         (["--out", "/proc/x.png"], "cannot write /proc/x.png"),
         (["--model", "nobody/nothing"], "hub model nobody/nothing is not in the local Hugging Face cache"),
     ],
-    ids=["pipefusion-unet", "ring-cpu", "size-136", "frames-image", "mp4-image", "proc", "offline-hub"],
+    ids=["pipefusion-unet", "ring-cpu", "size-136", "size-136-dit", "frames-image", "mp4-image", "proc", "offline-hub"],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, argv, message):
     argv = [part.replace("{tmp}", str(tmp_path)) for part in argv]
@@ -155,11 +157,12 @@ def test_help_shows_the_defaults(capsys, command):
     text = " ".join(capsys.readouterr().out.split())
     assert "--steps STEPS inference steps (default: 20)" in text
     assert "--nproc NPROC ranks to start (ignored under torchrun) (default: 2)" in text
-    assert "(default: paradiff-tiny)" in text and "--seed SEED seed of the initial noise (default: 0)" in text
+    assert re.search(r"\(default: paradiff-tiny- ?dit\)", text), "help wraps after a hyphen"
+    assert "--seed SEED seed of the initial noise (default: 0)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
     if command == "generate":
         for shown in (
-            "(default: patch)",
+            "(default: cfg for the built-in models, patch otherwise)",
             "(default: 4)",
             "(default: auto, CUDA when present",
             "(default: auto, float16 on",
@@ -186,7 +189,8 @@ def test_quiet_output_shows_paradiffs_own_warnings_only_and_restores_everything(
 
 
 def test_a_cli_run_shows_paradiff_warnings_and_runs_the_reference_in_the_same_dtype(tmp_path, capsys):
-    argv = ["generate", "a red circle", "--nproc", "1", "--steps", "1", "--size", "32", "--dtype", "float16"]
+    argv = ["generate", "a red circle", "--model", "paradiff-tiny", "--nproc", "1", "--steps", "1", "--size", "32"]
+    argv += ["--dtype", "float16"]
     assert main([*argv, "--out", str(tmp_path / "x.png")]) == 0
     err = capsys.readouterr().err
     assert "paradiff: warning: --dtype float16 on the CPU is slow" in err and not THIRD_PARTY_NOISE.search(
