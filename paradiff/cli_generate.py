@@ -71,14 +71,13 @@ def rank_device(requested: str):
     """This rank's ``torch.device`` for ``--device`` (``auto``: this rank's GPU when CUDA is present)."""
     import torch
 
-    from .runtime.distributed import env_world_size as dist_world_size
-    from .runtime.distributed import local_device
+    from .runtime.distributed import env_world_size, local_device
 
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:
         raise ParadiffError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
     if requested == "cpu":
-        if cuda and dist_world_size() > 1:  # only under torchrun: paradiff's own workers then see no GPU
+        if cuda and env_world_size() > 1:  # only under torchrun: paradiff's own workers then see no GPU
             raise ParadiffError(
                 "--device cpu on ranks that see a GPU: paradiff's process group and strategies follow the GPUs "
                 "torch sees; hide them (CUDA_VISIBLE_DEVICES=) to run on the CPU under torchrun"

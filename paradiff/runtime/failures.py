@@ -15,7 +15,7 @@ from ..errors import PeerFailure
 from .liveness import WATCH_S, silent_ranks
 
 #: Words of the transports' messages for a connection a peer closed (it exited, crashed or was killed).
-CLOSED = ("closed by peer", "connection reset", "broken pipe", "connection refused", "eof")
+CLOSED = ("closed by peer", "connection reset", "broken pipe", "connection refused")
 #: Words of the transports' messages for a wait that ran out of time.
 TIMED_OUT = ("timed out", "timeout")
 
