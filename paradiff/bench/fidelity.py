@@ -1,7 +1,10 @@
-"""How close each run's images are to the one-device images: PSNR, SSIM and, when available offline, LPIPS.
+"""How close each run's images or videos are to the one-device ones: PSNR, SSIM and, when available offline, LPIPS.
 
-All through torchmetrics' functional API on images in [0, 1]. LPIPS needs torchvision and the ImageNet
-AlexNet weights in torch's hub cache; paradiff never downloads them, it reports why LPIPS was skipped.
+Images go through torchmetrics' functional API, in [0, 1]. Videos are scored frame by frame with
+:mod:`paradiff.metrics` (the same SSIM figure as torchmetrics'), since a single bad frame matters
+in a video: each frame's PSNR and SSIM, their mean and worst, and the flicker of both videos.
+LPIPS needs torchvision and the ImageNet AlexNet weights in torch's hub cache; paradiff never
+downloads them, it reports why LPIPS was skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from torchmetrics.functional.image import (
     peak_signal_noise_ratio,
     structural_similarity_index_measure,
 )
+
+from ..metrics import frame_changes, psnr, ssim
 
 
 def lpips_unavailable_reason() -> str | None:
@@ -35,12 +40,7 @@ def fidelity(images: list[np.ndarray], references: list[np.ndarray], with_lpips:
     preds, targets = _batch(images), _batch(references)
     psnr = peak_signal_noise_ratio(preds, targets, data_range=1.0, reduction="none", dim=(1, 2, 3))
     ssim = structural_similarity_index_measure(preds, targets, data_range=1.0, reduction="none")
-    lpips = [None] * len(images)
-    if with_lpips:
-        scores = learned_perceptual_image_patch_similarity(
-            preds.float(), targets.float(), net_type="alex", reduction="none", normalize=True
-        )
-        lpips = [float(score) for score in scores.reshape(-1)]
+    lpips = _lpips(preds, targets) if with_lpips else [None] * len(images)
     return [
         {"psnr_db": float(p), "ssim": float(s), "lpips": score}
         for p, s, score in zip(psnr.tolist(), ssim.tolist(), lpips, strict=True)
@@ -50,3 +50,42 @@ def fidelity(images: list[np.ndarray], references: list[np.ndarray], with_lpips:
 def _batch(images: list[np.ndarray]) -> torch.Tensor:
     """(N, 3, H, W) float64 from N (H, W, 3) arrays; float64 so that tiny round-off differences still count."""
     return torch.from_numpy(np.stack(images).astype(np.float64)).permute(0, 3, 1, 2)
+
+
+def video_fidelity(videos: list[np.ndarray], references: list[np.ndarray], with_lpips: bool) -> list[dict]:
+    """Per (F, H, W, 3) video pair: each frame's ``psnr_db`` and ``ssim`` (in ``frames``), their mean and worst
+    (``psnr_db_worst``, ``ssim_worst``, ``worst_frame``: the 0-based frame of lowest SSIM), ``lpips`` (the mean
+    over frames, or None), and ``flicker`` and ``flicker_one_device``: the mean absolute frame-to-frame change
+    of the video and of the one-device video, with ``changes`` and ``changes_one_device`` per frame step.
+    """
+    scores = []
+    for video, reference in zip(videos, references, strict=True):
+        if video.shape != reference.shape:
+            raise ValueError(f"a video of shape {video.shape} cannot be compared with one of {reference.shape}")
+        frame_psnr = [psnr(frame, ref) for frame, ref in zip(video, reference, strict=True)]
+        frame_ssim = [ssim(frame, ref) for frame, ref in zip(video, reference, strict=True)]
+        changes, changes_one_device = frame_changes(video), frame_changes(reference)
+        lpips = _lpips(_batch(list(video)), _batch(list(reference))) if with_lpips else None
+        scores.append(
+            {
+                "psnr_db": float(np.mean(frame_psnr)),
+                "psnr_db_worst": min(frame_psnr),
+                "ssim": float(np.mean(frame_ssim)),
+                "ssim_worst": min(frame_ssim),
+                "worst_frame": int(np.argmin(frame_ssim)),
+                "lpips": None if lpips is None else float(np.mean(lpips)),
+                "flicker": float(changes.mean()) if len(changes) else 0.0,
+                "flicker_one_device": float(changes_one_device.mean()) if len(changes) else 0.0,
+                "frames": {"psnr_db": frame_psnr, "ssim": frame_ssim},
+                "changes": changes.tolist(),
+                "changes_one_device": changes_one_device.tolist(),
+            }
+        )
+    return scores
+
+
+def _lpips(preds: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    scores = learned_perceptual_image_patch_similarity(
+        preds.float(), targets.float(), net_type="alex", reduction="none", normalize=True
+    )
+    return [float(score) for score in scores.reshape(-1)]
