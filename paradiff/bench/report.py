@@ -1,7 +1,9 @@
 """The ``paradiff bench`` report: one row per run, written as results.json, report.md and report.html.
 
 Latency is the median over prompts, speedup the ratio of median latencies, fidelity the mean over
-prompts of each metric against the one-device image with the same seed.
+prompts of each metric against the one-device output with the same seed. A video pipeline's report
+scores every frame (mean and worst frame), sets each run's flicker beside the one-device video's,
+and shows frame strips (report.md) and animated side-by-side previews (report.html).
 """
 
 from __future__ import annotations
@@ -17,14 +19,40 @@ from pathlib import Path
 
 import torch
 
-from .fidelity import fidelity, lpips_unavailable_reason
-from .figures import DIFF_GAIN, comparison_grid, save_png, speedup_psnr_plot
+from .fidelity import fidelity, lpips_unavailable_reason, video_fidelity
+from .figures import (
+    DIFF_GAIN,
+    DIFF_LABEL,
+    STRIP_FRAMES,
+    comparison_grid,
+    flicker_plot,
+    frame_strip,
+    preview_frames,
+    save_gif,
+    save_png,
+    speedup_psnr_plot,
+)
 from .job import BenchJob
 from .run import BenchResults, RunResult
 
 PLOT_FILE = "speedup-vs-psnr.png"
+FLICKER_FILE = "flicker.png"
 PSNR_NULL_NOTE = "psnr_db null: identical to the one-device image for at least one prompt (PSNR is infinite)"
 TABLE_HEADERS = ("run", "latency s", "speedup", "MB/step/rank", "comm wait s", "PSNR dB", "SSIM", "LPIPS")
+VIDEO_TABLE_HEADERS = (
+    "run",
+    "latency s",
+    "speedup",
+    "MB/step/rank",
+    "comm wait s",
+    "PSNR dB",
+    "worst-frame PSNR dB",
+    "SSIM",
+    "worst-frame SSIM",
+    "LPIPS",
+    "flicker",
+    "added flicker",
+)
 
 
 def write_report(job: BenchJob, results: BenchResults) -> list[str]:
@@ -32,18 +60,22 @@ def write_report(job: BenchJob, results: BenchResults) -> list[str]:
     out = Path(job.out)
     skipped = lpips_unavailable_reason()
     baseline = results.runs[0]
-    rows = [_row(job, results.prompts, run, baseline, with_lpips=skipped is None) for run in results.runs]
+    video = baseline.outputs[0].ndim == 4
+    rows = [_row(job, results.prompts, run, baseline, skipped is None, video) for run in results.runs]
+    media = _video_figures(out, results, rows) if video else None
     for row, run in zip(rows, results.runs, strict=True):
-        if row["grid"]:
-            save_png(comparison_grid(run.images, baseline.images), out / row["grid"])
+        if row.get("grid"):
+            save_png(comparison_grid(run.outputs, baseline.outputs), out / row["grid"])
     speedup_psnr_plot([(row["run"], row["speedup"], row["psnr_db"]) for row in rows[1:]], out / PLOT_FILE)
     lpips_status = "ok" if skipped is None else f"skipped: {skipped}"
-    config = _config(job, results)
+    config = _config(job, results, video)
     document = {"config": config, "rows": rows, "lpips": lpips_status}
+    if media is not None:
+        document["video"] = media
     (out / "results.json").write_text(json.dumps(_json_safe(document), indent=2, allow_nan=False) + "\n")
-    table = _markdown_table(rows)
-    (out / "report.md").write_text(_markdown(config, rows, table, lpips_status))
-    (out / "report.html").write_text(_html(config, rows, lpips_status))
+    table = _markdown_table(rows, video)
+    (out / "report.md").write_text(_markdown(config, rows, table, lpips_status, media))
+    (out / "report.html").write_text(_html(config, rows, lpips_status, media))
     lines = [table]
     if skipped is not None:
         lines.append(f"LPIPS skipped: {skipped}")
@@ -51,8 +83,9 @@ def write_report(job: BenchJob, results: BenchResults) -> list[str]:
     return lines
 
 
-def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult, with_lpips: bool) -> dict:
-    scores = fidelity(run.images, baseline.images, with_lpips)
+def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult, with_lpips: bool, video: bool) -> dict:
+    score = video_fidelity if video else fidelity
+    scores = score(run.outputs, baseline.outputs, with_lpips)
     per_prompt = [
         {
             "prompt": prompt,
@@ -66,7 +99,7 @@ def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult,
     ]
     latency = statistics.median(run.latency_s)
     spec = run.spec
-    return {
+    row = {
         "run": spec.label,
         "strategy": spec.strategy,
         "warmup": spec.warmup,
@@ -77,13 +110,53 @@ def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult,
         "psnr_db": statistics.fmean(score["psnr_db"] for score in scores),
         "ssim": statistics.fmean(score["ssim"] for score in scores),
         "lpips": statistics.fmean(score["lpips"] for score in scores) if with_lpips else None,
-        "grid": None if spec.strategy is None else f"grid-{spec.label.replace(' ', '-').replace('=', '')}.png",
-        "per_prompt": per_prompt,
+    }
+    if video:
+        return row | _video_figures_of_row(scores) | {"per_prompt": per_prompt}
+    grid = None if spec.strategy is None else f"grid-{spec.label.replace(' ', '-').replace('=', '')}.png"
+    return row | {"grid": grid, "per_prompt": per_prompt}
+
+
+def _video_figures_of_row(scores: list[dict]) -> dict:
+    """The worst frame of any prompt, flicker against the one-device video's, and each frame's mean over prompts."""
+    flicker = statistics.fmean(score["flicker"] for score in scores)
+    flicker_one_device = statistics.fmean(score["flicker_one_device"] for score in scores)
+    return {
+        "psnr_db_worst": min(score["psnr_db_worst"] for score in scores),
+        "ssim_worst": min(score["ssim_worst"] for score in scores),
+        "flicker": flicker,
+        "flicker_one_device": flicker_one_device,
+        "flicker_added": flicker - flicker_one_device,
+        "per_frame": {
+            name: [statistics.fmean(frame) for frame in zip(*(score["frames"][name] for score in scores), strict=True)]
+            for name in ("psnr_db", "ssim")
+        },
+        "changes": [statistics.fmean(step) for step in zip(*(score["changes"] for score in scores), strict=True)],
     }
 
 
-def _config(job: BenchJob, results: BenchResults) -> dict:
+def _video_figures(out: Path, results: BenchResults, rows: list[dict]) -> dict:
+    """Per prompt a frame strip (PNG) and an animated preview (GIF) of every run, and the flicker plot."""
+    labels = [row["run"] for row in rows]
+    strips, previews = [], []
+    for index in range(len(results.prompts)):
+        videos = [(label, run.outputs[index]) for label, run in zip(labels, results.runs, strict=True)]
+        strips.append(f"frames-{index + 1}.png")
+        save_png(frame_strip(videos), out / strips[-1])
+        previews.append(f"preview-{index + 1}.gif")
+        save_gif(preview_frames(videos), out / previews[-1])
+    flicker_plot([(row["run"], row["changes"]) for row in rows], out / FLICKER_FILE)
     return {
+        "frames": len(results.runs[0].outputs[0]),
+        "strips": strips,
+        "previews": previews,
+        "flicker_plot": FLICKER_FILE,
+    }
+
+
+def _config(job: BenchJob, results: BenchResults, video: bool) -> dict:
+    first = results.runs[0].outputs[0]
+    config = {
         "command": job.command(),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "model": job.model,
@@ -92,7 +165,7 @@ def _config(job: BenchJob, results: BenchResults) -> dict:
         "nproc": results.world_size,
         "threads_per_rank": job.threads,
         "steps": job.steps,
-        "size": results.runs[0].images[0].shape[0],  # the model's own when --size was not given
+        "size": first.shape[1 if video else 0],  # the model's own when --size was not given
         "seed": job.seed,
         "prompts": results.prompts,
         "machine": {
@@ -102,15 +175,39 @@ def _config(job: BenchJob, results: BenchResults) -> dict:
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
-        "notes": [
-            "latency_s: median over prompts of one image's wall time on rank 0 (VAE decode included)",
-            "speedup: one-device median latency / this run's median latency",
-            "bytes_per_step, wait_s: rank 0's bytes sent per denoising step and time blocked on communication "
-            "per image (paradiff.comm_stats), median over prompts; 0 for one device",
-            "psnr_db, ssim, lpips: mean over prompts against the one-device image with the same seed",
-            PSNR_NULL_NOTE,
-        ],
+        "notes": _video_notes() if video else _image_notes(),
     }
+    if video:
+        config["frames"] = len(first)
+    return config
+
+
+def _image_notes() -> list[str]:
+    return [
+        "latency_s: median over prompts of one image's wall time on rank 0 (VAE decode included)",
+        "speedup: one-device median latency / this run's median latency",
+        "bytes_per_step, wait_s: rank 0's bytes sent per denoising step and time blocked on communication "
+        "per image (paradiff.comm_stats), median over prompts; 0 for one device",
+        "psnr_db, ssim, lpips: mean over prompts against the one-device image with the same seed",
+        PSNR_NULL_NOTE,
+    ]
+
+
+def _video_notes() -> list[str]:
+    return [
+        "latency_s: median over prompts of one video's wall time on rank 0 (VAE decode included)",
+        "speedup: one-device median latency / this run's median latency",
+        "bytes_per_step, wait_s: rank 0's bytes sent per denoising step and time blocked on communication "
+        "per video (paradiff.comm_stats), median over prompts; 0 for one device",
+        "psnr_db, ssim, lpips: each frame against the one-device frame with the same seed, mean over frames, "
+        "then over prompts; per_frame: each frame's mean over prompts; per_prompt.frames: each frame's",
+        "psnr_db_worst, ssim_worst: the worst frame of any prompt (per_prompt.worst_frame: its 0-based number)",
+        "ssim of frames: paradiff.metrics.ssim (11-px Gaussian window of sigma 1.5; the figure torchmetrics gives)",
+        "flicker: mean absolute change from each frame to the next (pixels in [0, 1]), mean over prompts; "
+        "flicker_one_device: the one-device video's; flicker_added: flicker - flicker_one_device, above 0 "
+        "where the strategy made frames jump more than one device did; changes: per frame step",
+        "psnr_db null: identical to the one-device frame for at least one frame (PSNR is infinite)",
+    ]
 
 
 def _json_safe(value):
@@ -124,33 +221,71 @@ def _json_safe(value):
     return value
 
 
-def _cells(row: dict) -> list[str]:
-    psnr = row["psnr_db"]
-    return [
+def _decibels(value: float) -> str:
+    return f"{value:.1f}" if math.isfinite(value) else "∞"
+
+
+def _cells(row: dict, video: bool) -> list[str]:
+    lpips = "—" if row["lpips"] is None else f"{row['lpips']:.4f}"
+    cells = [
         row["run"],
         f"{row['latency_s']:.2f}",
         f"{row['speedup']:.2f}×",
         f"{row['bytes_per_step'] / 1e6:.2f}",
         f"{row['wait_s']:.2f}",
-        f"{psnr:.1f}" if math.isfinite(psnr) else "∞",
+        _decibels(row["psnr_db"]),
+    ]
+    if not video:
+        return [*cells, f"{row['ssim']:.4f}", lpips]
+    return [
+        *cells,
+        _decibels(row["psnr_db_worst"]),
         f"{row['ssim']:.4f}",
-        "—" if row["lpips"] is None else f"{row['lpips']:.4f}",
+        f"{row['ssim_worst']:.4f}",
+        lpips,
+        f"{row['flicker']:.4f}",
+        f"{row['flicker_added']:+.4f}",
     ]
 
 
-def _markdown_table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(TABLE_HEADERS) + " |", "|---" * len(TABLE_HEADERS) + "|"]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+def _markdown_table(rows: list[dict], video: bool) -> str:
+    headers = VIDEO_TABLE_HEADERS if video else TABLE_HEADERS
+    return _markdown_grid(headers, [_cells(row, video) for row in rows])
+
+
+def _markdown_grid(headers: tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     return "\n".join(lines)
+
+
+def _per_frame_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
+    """One line per frame, a PSNR and an SSIM column per parallel run: each frame's mean over prompts."""
+    parallel = rows[1:]
+    headers = ("frame", *(f"{row['run']} {name}" for row in parallel for name in ("PSNR dB", "SSIM")))
+    frames = len(rows[0]["per_frame"]["ssim"])
+    lines = [
+        [
+            str(frame + 1),
+            *(
+                cell
+                for row in parallel
+                for cell in (_decibels(row["per_frame"]["psnr_db"][frame]), f"{row['per_frame']['ssim'][frame]:.4f}")
+            ),
+        ]
+        for frame in range(frames)
+    ]
+    return headers, lines
 
 
 def _settings(config: dict) -> list[tuple[str, str]]:
     machine = config["machine"]
+    frames = f", {config['frames']} frames" if "frames" in config else ""
     return [
         ("command", config["command"]),
         ("date", config["date"]),
         ("model", config["model"]),
-        ("size", f"{config['size']}×{config['size']} px"),
+        ("size", f"{config['size']}×{config['size']} px{frames}"),
         ("steps", str(config["steps"])),
         (
             "ranks",
@@ -162,7 +297,7 @@ def _settings(config: dict) -> list[tuple[str, str]]:
     ]
 
 
-def _markdown(config: dict, rows: list[dict], table: str, lpips_status: str) -> str:
+def _markdown(config: dict, rows: list[dict], table: str, lpips_status: str, media: dict | None) -> str:
     lines = [f"# paradiff bench: {config['model']}", ""]
     lines += [
         f"- **{name}**: `{value}`" if name == "command" else f"- **{name}**: {value}"
@@ -172,13 +307,51 @@ def _markdown(config: dict, rows: list[dict], table: str, lpips_status: str) -> 
     lines += [f"- {note}" for note in config["notes"]]
     lines += ["", f"![speedup vs PSNR]({PLOT_FILE})", ""]
     for row in rows:
-        if row["grid"]:
+        if row.get("grid"):
             lines += [f"## {row['run']}", "", _grid_caption(), "", f"![{row['run']}]({row['grid']})", ""]
+    if media is not None:
+        lines += _markdown_video(config, rows, media)
     lines += ["## Prompts", ""]
     lines += [
         f"{index + 1}. {prompt} (seed {config['seed'] + index})" for index, prompt in enumerate(config["prompts"])
     ]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_video(config: dict, rows: list[dict], media: dict) -> list[str]:
+    lines = ["## Flicker", "", _flicker_caption(), "", f"![flicker]({media['flicker_plot']})", ""]
+    lines += ["## Frames", "", _strip_caption(), ""]
+    for index, (strip, preview) in enumerate(zip(media["strips"], media["previews"], strict=True)):
+        lines += [f"### {_prompt_title(config, index)}", "", f"![frames, prompt {index + 1}]({strip})", ""]
+        lines += [f"Animated, side by side: [{preview}]({preview})", ""]
+    lines += ["## Per frame", "", "Each frame against the one-device frame, mean over prompts.", ""]
+    lines += [_markdown_grid(*_per_frame_table(rows)), ""]
+    return lines
+
+
+def _prompt_title(config: dict, index: int) -> str:
+    return f"Prompt {index + 1}: {config['prompts'][index]} (seed {config['seed'] + index})"
+
+
+def _flicker_caption() -> str:
+    return (
+        "Mean absolute change from each frame to the next, mean over prompts; one device in black. "
+        "A run above the black line made its frames jump more than one device did."
+    )
+
+
+def _strip_caption() -> str:
+    return (
+        f"Up to {STRIP_FRAMES} evenly spaced frames per run, one row per run (one device first), each parallel run "
+        f"followed by its difference from one device ({DIFF_LABEL}, inferno colour map, clipped at 1)."
+    )
+
+
+def _preview_caption() -> str:
+    return (
+        "Every run side by side, playing in step (one device first); under each parallel run its difference "
+        f"from one device ({DIFF_LABEL}, inferno colour map, clipped at 1)."
+    )
 
 
 def _grid_caption() -> str:
@@ -200,20 +373,22 @@ img { max-width: 100%; image-rendering: pixelated; } .notes { color: #555; font-
 """
 
 
-def _html(config: dict, rows: list[dict], lpips_status: str) -> str:
+def _html(config: dict, rows: list[dict], lpips_status: str, media: dict | None) -> str:
     esc = html.escape
     settings = "".join(
         f"<dt>{esc(name)}</dt><dd>{f'<code>{esc(value)}</code>' if name == 'command' else esc(value)}</dd>"
         for name, value in _settings(config)
     )
-    header = "".join(f"<th>{esc(name)}</th>" for name in TABLE_HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in _cells(row)) + "</tr>" for row in rows)
+    video = media is not None
+    table = _html_table(VIDEO_TABLE_HEADERS if video else TABLE_HEADERS, [_cells(row, video) for row in rows])
     notes = "".join(f"<li>{esc(note)}</li>" for note in [f"LPIPS: {lpips_status}", *config["notes"]])
     grids = "".join(
         f'<h2>{esc(row["run"])}</h2><p>{esc(_grid_caption())}</p><img src="{esc(row["grid"])}" alt="{esc(row["run"])}">'
         for row in rows
-        if row["grid"]
+        if row.get("grid")
     )
+    if video:
+        grids += _html_video(config, rows, media)
     prompts = "".join(
         f"<li>{esc(prompt)} (seed {config['seed'] + index})</li>" for index, prompt in enumerate(config["prompts"])
     )
@@ -223,10 +398,32 @@ def _html(config: dict, rows: list[dict], lpips_status: str) -> str:
 <body>
 <h1>{esc(title)}</h1>
 <dl class="settings">{settings}</dl>
-<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>
+{table}
 <ul class="notes">{notes}</ul>
 <h2>Speedup vs fidelity</h2><img src="{PLOT_FILE}" alt="speedup vs PSNR">
 {grids}
 <h2>Prompts</h2><ol>{prompts}</ol>
 </body></html>
 """
+
+
+def _html_table(headers: tuple[str, ...], rows: list[list[str]]) -> str:
+    esc = html.escape
+    header = "".join(f"<th>{esc(name)}</th>" for name in headers)
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in cells) + "</tr>" for cells in rows)
+    return f"<table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html_video(config: dict, rows: list[dict], media: dict) -> str:
+    esc = html.escape
+    previews = "".join(
+        f'<h3>{esc(_prompt_title(config, index))}</h3><img src="{esc(preview)}" alt="prompt {index + 1}, animated">'
+        for index, preview in enumerate(media["previews"])
+    )
+    return (
+        f"<h2>Videos</h2><p>{esc(_preview_caption())}</p>{previews}"
+        f"<h2>Flicker</h2><p>{esc(_flicker_caption())}</p>"
+        f'<img src="{esc(media["flicker_plot"])}" alt="flicker per frame step">'
+        f"<h2>Per frame</h2><p>Each frame against the one-device frame, mean over prompts.</p>"
+        f"{_html_table(*_per_frame_table(rows))}"
+    )

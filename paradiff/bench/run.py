@@ -2,7 +2,8 @@
 
 Runs share one pipeline instance: the one-device baseline runs on rank 0 while the other ranks wait
 at a barrier (one image at a time, so no wait outlasts one image), then each strategy × warm-up is
-``parallelize``d, run on every rank and ``unparallelize``d. Rank 0 returns the images and timings.
+``parallelize``d, run on every rank and ``unparallelize``d. Rank 0 returns the outputs (images, or the
+frames of a video pipeline) and timings.
 """
 
 from __future__ import annotations
@@ -29,16 +30,19 @@ WAIT_TIMEOUT = timedelta(minutes=30)
 
 @dataclass
 class RunResult:
-    """One run over every prompt: images in [0, 1] (H, W, 3), seconds, and communication per image."""
+    """One run over every prompt: outputs in [0, 1], seconds, and communication per output.
+
+    An output is an (H, W, 3) image, or the (F, H, W, 3) frames of a video pipeline's video.
+    """
 
     spec: RunSpec
-    images: list[np.ndarray] = field(default_factory=list)
+    outputs: list[np.ndarray] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
     bytes_per_step: list[float] = field(default_factory=list)
     wait_s: list[float] = field(default_factory=list)
 
-    def add(self, image: np.ndarray, seconds: float, comm: dict) -> None:
-        self.images.append(image)
+    def add(self, output: np.ndarray, seconds: float, comm: dict) -> None:
+        self.outputs.append(output)
         self.latency_s.append(seconds)
         self.bytes_per_step.append(float(comm.get("bytes_per_step", 0.0)))
         self.wait_s.append(float(comm.get("wait_s", 0.0)))
@@ -92,8 +96,8 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
         for index, kwargs in enumerate(inputs):
             _barrier()
             if parallel or rank == 0:
-                image, seconds = _generate(pipe, kwargs, job.size, job.steps, job.seed + index)
-                run.add(image, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
+                output, seconds = _generate(pipe, kwargs, job.size, job.steps, job.seed + index)
+                run.add(output, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
                 if rank == 0:
                     print(f"{title}: prompt {index + 1}/{len(inputs)} ... {seconds:.2f} s", flush=True)
         _barrier()
@@ -115,16 +119,19 @@ def _parallelized(pipe, spec: RunSpec):
 
 
 def _generate(pipe, inputs: dict, size: int | None, steps: int, seed: int) -> tuple[np.ndarray, float]:
+    """The first image (H, W, 3), or a video pipeline's first video (F, H, W, 3), and the seconds it took."""
     sizes = {} if size is None else {"height": size, "width": size}
     start = time.perf_counter()
-    images = pipe(
+    result = pipe(
         **inputs,
         **sizes,
         num_inference_steps=steps,
         generator=torch.Generator().manual_seed(seed),
         output_type="np",
-    ).images
-    return images[0], time.perf_counter() - start
+    )
+    seconds = time.perf_counter() - start
+    frames = getattr(result, "frames", None)
+    return np.asarray(result.images if frames is None else frames)[0], seconds
 
 
 def _barrier() -> None:
