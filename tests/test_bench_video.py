@@ -19,6 +19,7 @@ from video_pipeline import save_tiny_cogvideox
 from paradiff.bench.fidelity import video_fidelity
 from paradiff.bench.figures import GAP, frame_indices, frame_strip, preview_frames
 from paradiff.bench.job import ONE_DEVICE, BenchJob, RunSpec
+from paradiff.bench.prompts import VIDEO_SCENES, bench_prompts
 from paradiff.bench.report import VIDEO_TABLE_HEADERS, write_report
 from paradiff.bench.run import BenchResults, RunResult, bench_on_rank
 from paradiff.metrics import SSIM_K1, SSIM_K2, frame_changes, ssim, ssim_window
@@ -117,6 +118,14 @@ def test_one_bad_frame_is_the_worst_frame_and_flicker_is_set_beside_one_devices(
     assert score["flicker_one_device"] == pytest.approx(frame_changes(reference).mean())
     assert score["flicker"] > score["flicker_one_device"], "a frame that jumps and back is flicker"
     assert score["lpips"] is None and len(score["changes"]) == len(score["changes_one_device"]) == FRAMES - 1
+
+
+def test_video_prompts_are_moving_scenes_in_the_video_models_words():
+    assert bench_prompts(len(VIDEO_SCENES) + 1, video=True) == [*VIDEO_SCENES, VIDEO_SCENES[0]]
+    assert all(" moving from " in prompt for prompt in VIDEO_SCENES)
+    clips = pytest.importorskip("paradiff.builtin.clips")
+    words = {word for prompt in VIDEO_SCENES for word in prompt.split()}
+    assert words <= {*clips.VOCABULARY, *clips.MOTION_WORDS}
 
 
 # --- figures and the report -----------------------------------------------------------------------
@@ -221,6 +230,7 @@ def test_bench_of_a_video_pipeline_on_two_ranks(pool2, tmp_path):
     job = BenchJob(str(folder), ("patch", "cfg"), (1,), 2, 1, 2, None, 0, 1, str(out))
     results = pool2.run(bench_on_rank, job)[0]
     assert [run.spec.label for run in results.runs] == ["one device", "patch warmup=1", "cfg"]
+    assert results.prompts == [VIDEO_SCENES[0]], "a video pipeline gets moving scenes"
     assert {run.outputs[0].shape for run in results.runs} == {(8, 32, 32, 3)}, "the pipeline's own 8 frames"
     write_report(job, results)
     rows = json.loads((out / "results.json").read_text())["rows"]

@@ -206,7 +206,8 @@ def _video_notes() -> list[str]:
         "flicker: mean absolute change from each frame to the next (pixels in [0, 1]), mean over prompts; "
         "flicker_one_device: the one-device video's; flicker_added: flicker - flicker_one_device, above 0 "
         "where the strategy made frames jump more than one device did; changes: per frame step",
-        "psnr_db null: identical to the one-device frame for at least one frame (PSNR is infinite)",
+        "psnr_db null: at least one frame identical to the one-device frame (PSNR is infinite); "
+        "psnr_db_worst null: every frame identical",
     ]
 
 

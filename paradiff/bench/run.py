@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import paradiff
 
-from ..loading import load_pipeline, prompt_kwargs
+from ..loading import load_pipeline, makes_video, prompt_kwargs
 from ..runtime.distributed import ensure_process_group, env_world_size, local_device
 from .job import BenchJob, RunSpec
 from .prompts import bench_prompts
@@ -65,7 +65,7 @@ def bench_on_rank(job: BenchJob) -> BenchResults | None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     pipe = load_pipeline(job.model).to(local_device())
     pipe.set_progress_bar_config(disable=rank != 0)
-    prompts = bench_prompts(job.prompts)
+    prompts = bench_prompts(job.prompts, video=makes_video(pipe))
     inputs = [prompt_kwargs(pipe, job.model, prompt) for prompt in prompts]
     specs = job.runs()
     _preflight(pipe, job, specs[1], inputs[0])
