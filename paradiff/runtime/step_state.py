@@ -105,7 +105,8 @@ class StepState:
 
 
 def timestep_key(timestep) -> tuple[float, ...]:
-    """A call's timestep as a comparable key (its first value: all samples of a call share it)."""
+    """A call's timestep as a comparable key: all its values. A per-frame timestep (diffusion forcing) keeps its
+    first frame at 0 once that frame is done, while later frames still move, so no single value tells steps apart."""
     if isinstance(timestep, torch.Tensor):
-        return tuple(float(v) for v in timestep.detach().flatten()[:1].cpu())
+        return tuple(timestep.detach().flatten().cpu().tolist())
     return (float(timestep),)
