@@ -24,6 +24,7 @@ from .mochi import MochiFamily
 from .planned import PlannedDiTFamily
 from .qwenimage import QwenImageFamily
 from .sana import SanaFamily
+from .skyreels_v2 import SkyReelsV2Family
 from .unet import UNetFamily
 from .vae import VAEDecoderFamily
 from .video_unet import AnimateDiffFamily, StableVideoDiffusionFamily
@@ -53,6 +54,7 @@ FAMILIES: tuple[DenoiserFamily, ...] = (
     MochiFamily(),
     AllegroFamily(),
     LatteFamily(),
+    SkyReelsV2Family(),
 )
 DECODER_FAMILIES: tuple[DenoiserFamily, ...] = (VAEDecoderFamily(),)
 
