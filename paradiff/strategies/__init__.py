@@ -20,6 +20,7 @@ _BUILTIN = {
     "cfg": "paradiff.strategies.cfg:CfgStrategy",
     "ulysses": "paradiff.strategies.sequence:UlyssesStrategy",
     "ring": "paradiff.strategies.sequence:RingStrategy",
+    "dualparal": "paradiff.strategies.dualparal:DualParalStrategy",
 }
 _REGISTERED: dict[str, type] = {}
 #: The names of the strategies that come with paradiff.
