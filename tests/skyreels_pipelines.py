@@ -60,10 +60,11 @@ def latent_frames_to_frames(latent_frames: int) -> int:
 
 
 def df_call(latent_frames: int = 8, size: int = 32, steps: int = 3, **extra) -> dict:
-    """Arguments of one call of ``latent_frames`` latent frames at ``size`` px, seed 0, the whole video in one window."""
+    """Arguments of a call of ``latent_frames`` latent frames at ``size`` px, seed 0, the whole video in one window
+    (``extra`` overrides any)."""
     generator = torch.Generator().manual_seed(1)
     frames = latent_frames_to_frames(latent_frames)
-    return dict(
+    call = dict(
         prompt=None,
         prompt_embeds=torch.randn(1, TEXT_TOKENS, TEXT_DIM, generator=generator),
         negative_prompt_embeds=torch.randn(1, TEXT_TOKENS, TEXT_DIM, generator=generator),
@@ -77,5 +78,5 @@ def df_call(latent_frames: int = 8, size: int = 32, steps: int = 3, **extra) -> 
         causal_block_size=BLOCK,
         output_type="latent",
         generator=torch.Generator().manual_seed(0),
-        **extra,
     )
+    return {**call, **extra}

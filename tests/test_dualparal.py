@@ -1,0 +1,210 @@
+"""DualParal (`dualparal`): a diffusion-forcing video's frame blocks flowing through layer stages on the ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from skyreels_pipelines import BLOCK, build_df_pipeline, df_call, latent_frames_to_frames
+
+import paradiff
+from paradiff import ParadiffError
+from paradiff.config import ParallelConfig
+from paradiff.metrics import psnr
+from paradiff.models import family_of
+from paradiff.strategies.dualparal import one_device_schedule
+
+#: Largest difference allowed against the one-device schedule, relative to the output's largest magnitude (fp32).
+TOLERANCE = 1e-5
+#: A long video in two windows of the stock pipeline: 8 latent frames, windows of 6 overlapping by 2 (one block).
+LONG_VIDEO = dict(base_num_frames=latent_frames_to_frames(6), overlap_history=5)
+
+
+def _resident_block_parameters(model) -> int:
+    return sum(p.numel() for block in model.blocks for p in block.parameters())
+
+
+def dualparal_vs_one_device(layers: int = 4, context: int | None = None, extra: dict | None = None, **options):
+    """The one-device schedule, then ``dualparal`` twice on this rank; what each rank held, the tokens a block saw."""
+    extra = extra or {}
+    pipe = build_df_pipeline(layers)
+    model = pipe.transformer
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    widest = []
+    handle = model.blocks[0].register_forward_pre_hook(lambda _, args: widest.append(args[0].shape[1]))
+    with one_device_schedule(pipe, context):
+        reference = pipe(**df_call(**extra)).frames
+    whole_window = max(widest)
+    widest.clear()
+    before = _resident_block_parameters(model)
+    pipe = paradiff.parallelize(pipe, strategy="dualparal", dualparal_context=context, **options)
+    try:
+        first = pipe(**df_call(**extra)).frames
+        second = pipe(**df_call(**extra)).frames
+        held = _resident_block_parameters(model)
+    finally:
+        paradiff.unparallelize(pipe)
+        handle.remove()
+    return {
+        "reference": reference.numpy(),
+        "first": first.numpy(),
+        "second": second.numpy(),
+        "blocks_before": before,
+        "blocks_held": held,
+        "largest_block": sum(p.numel() for p in model.blocks[0].parameters()),
+        "weights_restored": all(torch.equal(p, weights[name]) for name, p in model.named_parameters()),
+        "tokens_whole_window": whole_window,
+        "tokens_per_pass": max(widest),
+    }
+
+
+def _check_exact(results) -> None:
+    reference = results[0]["reference"]
+    scale = float(np.abs(reference).max())
+    for result in results:
+        assert np.abs(result["first"] - reference).max() <= TOLERANCE * scale
+        assert np.array_equal(result["first"], results[0]["first"])  # every rank returns the same video
+        assert np.array_equal(result["second"], result["first"])  # nothing of the first call leaks into the second
+        assert result["weights_restored"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("context", "extra"), [(None, None), (1, None), (None, LONG_VIDEO)], ids=["whole-block", "one-frame", "two-windows"]
+)
+def test_fresh_equals_the_one_device_schedule_at_2_ranks(pool2, context, extra):
+    _check_exact(pool2.run(dualparal_vs_one_device, context=context, extra=extra, dualparal_displaced=False))
+
+
+@pytest.mark.timeout(120)
+def test_fresh_equals_the_one_device_schedule_at_4_ranks(pool4):
+    _check_exact(pool4.run(dualparal_vs_one_device, dualparal_displaced=False))
+
+
+@pytest.mark.timeout(120)
+def test_cfg_split_times_dualparal_is_exact_at_4_ranks(pool4):
+    _check_exact(pool4.run(dualparal_vs_one_device, layers=2, dualparal_displaced=False, cfg_parallel=True))
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_holds_its_stage_and_one_frame_block(pool2):
+    """4 blocks on 2 ranks: each rank keeps 2 blocks' weights, and no block ever sees more than one frame block."""
+    results = pool2.run(dualparal_vs_one_device, dualparal_displaced=False)
+    for result in results:
+        assert result["blocks_held"] <= result["blocks_before"] / 2
+        assert result["tokens_per_pass"] * 4 == result["tokens_whole_window"]  # 2 of the video's 8 latent frames
+    assert sum(r["blocks_held"] for r in results) == results[0]["blocks_before"]
+
+
+@pytest.mark.timeout(120)
+def test_displaced_reads_last_steps_keys_after_warm_up(pool2):
+    displaced = pool2.run(dualparal_vs_one_device, warmup_steps=1)
+    reference, first = displaced[0]["reference"], displaced[0]["first"]
+    scale = float(np.abs(reference).max())
+    assert np.abs(first - reference).max() > TOLERANCE * scale  # the feature cache is one step old
+    assert psnr(first, reference, data_range=float(reference.max() - reference.min())) > 20
+    assert all(np.array_equal(r["first"], first) and np.array_equal(r["second"], first) for r in displaced)
+    # a warm-up as long as the loop (4 blocks of 3 steps, one level apart: 6 iterations) is exact
+    _check_exact(pool2.run(dualparal_vs_one_device, warmup_steps=6))
+
+
+def cfg_alone_vs_stock() -> dict:
+    """The CFG split alone on this pipeline (per-frame timesteps) against the stock pipeline on one device."""
+    pipe = build_df_pipeline(2)
+    stock = pipe(**df_call()).frames
+    pipe = paradiff.parallelize(pipe, strategy="cfg")
+    try:
+        return {"reference": stock.numpy(), "first": pipe(**df_call()).frames.numpy(), "weights_restored": True}
+    finally:
+        paradiff.unparallelize(pipe)
+
+
+@pytest.mark.timeout(120)
+def test_the_cfg_split_pairs_calls_with_per_frame_timesteps(pool2):
+    results = pool2.run(cfg_alone_vs_stock)
+    for result in results:
+        result["second"] = result["first"]
+    _check_exact(results)
+
+
+def call_error(options: dict, **call) -> str:
+    """The ParadiffError a ``dualparal`` call raises on this rank, or ''."""
+    pipe = paradiff.parallelize(build_df_pipeline(2), strategy="dualparal", **options)
+    try:
+        pipe(**df_call(**call))
+    except ParadiffError as error:
+        return str(error)
+    finally:
+        paradiff.unparallelize(pipe)
+    return ""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("options", "call", "message"),
+    [
+        (
+            {},
+            {"latent_frames": 7},
+            r"cuts the 7 latent frames into blocks of causal_block_size=2, which does not divide them; use "
+            r"num_frames=21 or 29",
+        ),
+        ({"dualparal_context": 3}, {}, r"dualparal_context=3 frames is more than a frame block \(causal_block_size=2"),
+        ({}, {"causal_block_size": None}, r"attends over all frames at once; pass causal_block_size > 1"),
+    ],
+)
+def test_calls_it_cannot_run_fail_on_every_rank(pool2, options, call, message):
+    import re
+
+    for error in pool2.run(call_error, options, **call):
+        assert re.search(message, error), error
+
+
+@pytest.mark.parametrize("family", ["wan", "latte"])
+def test_a_pipeline_without_per_frame_noise_levels_is_refused(monkeypatch, family):
+    from family_pipelines_video import build_video_pipeline
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipe, _ = build_video_pipeline(family)
+    with pytest.raises(ParadiffError, match=r"one noise level per frame .*SkyReelsV2DiffusionForcingPipeline"):
+        paradiff.parallelize(pipe, strategy="dualparal")
+    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+
+
+def test_more_ranks_than_blocks_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ParadiffError, match=r"4 stages \(one per rank\) .* this SkyReelsV2Transformer3DModel has 2"):
+        paradiff.parallelize(build_df_pipeline(2), strategy="dualparal")
+    assert not dist.is_initialized()
+
+
+def test_options_are_validated():
+    with pytest.raises(ParadiffError, match="dualparal_context must be None or a number of latent frames >= 1"):
+        ParallelConfig("dualparal", dualparal_context=0)
+    with pytest.raises(ParadiffError, match="dualparal_displaced must be True or False"):
+        ParallelConfig("dualparal", dualparal_displaced="yes")
+
+
+def test_the_rotary_table_at_an_offset_is_the_stock_tables_rows():
+    model = build_df_pipeline(2).transformer
+    latent = torch.zeros(1, 16, 6, 4, 4)
+    whole = model.rope(latent)
+    tokens = 4  # rows × columns of patches per frame
+    for first in (0, 2, 4):
+        block = family_of(model).rotary_at(model.rope, latent[:, :, first : first + BLOCK], first)
+        for table, mine in zip(whole, block, strict=True):
+            assert torch.equal(table[:, first * tokens : (first + BLOCK) * tokens], mine)
+
+
+def test_the_one_device_schedule_is_the_stock_pipeline_for_two_blocks():
+    pipe = build_df_pipeline(2)
+    stock = pipe(**df_call(latent_frames=4)).frames
+    with one_device_schedule(pipe):
+        assert torch.equal(pipe(**df_call(latent_frames=4)).frames, stock)
+    assert not torch.equal(pipe(**df_call()).frames, _one_device(pipe))  # from three blocks on, the window narrows
+
+
+def _one_device(pipe):
+    with one_device_schedule(pipe):
+        return pipe(**df_call()).frames
