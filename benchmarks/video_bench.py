@@ -1,7 +1,8 @@
-"""Every strategy on a Wan-style video DiT next to one device, in one run (CPU, 1 thread per rank).
+"""Every strategy on a Wan-style video DiT next to one device, and long videos, in one run (CPU, 1 thread per rank).
 
-    python benchmarks/video_bench.py             # ~30M-parameter Wan DiT, 17 frames at 256 px, 20 steps, 2 ranks
-    python benchmarks/video_bench.py --quick     # a smoke run: 5 frames at 64 px, 3 steps
+    python benchmarks/video_bench.py             # both tables below
+    python benchmarks/video_bench.py --quick     # smoke run: 5 frames at 64 px, 3 steps; long videos from 4 frames
+    python benchmarks/video_bench.py --only long # the long-video table alone
 
 The pipeline is diffusers' ``WanPipeline`` (two transformer calls per step for CFG) with a random
 ``WanTransformer3DModel`` of 7 blocks, width 512 (8 heads of 64), feed-forward 2048: 17 frames at
@@ -11,6 +12,16 @@ own Ulysses attention (``enable_parallelism`` with the class's ``_cp_plan``), wh
 up. Prints latency, speedup over one device, bytes per step, the call's working memory per rank (how far
 the resident set grew above its size at the call's start: activations and exchange buffers, not weights) and
 PSNR of the latents against one device (peak: the one-device latents' range), and writes JSON.
+
+Long videos (``--only long``): diffusers' ``SkyReelsV2DiffusionForcingPipeline`` with a random
+``SkyReelsV2Transformer3DModel`` of the same size (7 blocks, width 512, feed-forward 2048; ~32M
+parameters), its asynchronous schedule (``causal_block_size=2`` latent frames, ``ar_step=1``, CFG), at
+1×, 2× and 4× the latent frames one pass holds (``--long-frames``, 8 by default: the whole video in one
+window, as one device runs it). One device (a fresh process) against ``dualparal`` (fresh and displaced),
+``patch`` and ``parastep`` on 2 ranks: latency, the resident high-water mark per rank during the call (weights
+included) and its growth over the call's start (working memory), PSNR of the latents against one device, and
+flicker, the mean absolute change of the latents from one frame to the next (the one device's in the first row
+of each length). A strategy that refuses the pipeline or fails on it gets a row saying why.
 """
 
 from __future__ import annotations
@@ -25,7 +36,8 @@ import numpy as np
 import torch
 from bench_common import status_mb
 from family_pipelines_video import build_video_pipeline
-from rank_workers import RankPool
+from rank_workers import RankFailure, RankPool
+from skyreels_pipelines import build_df_pipeline, df_call
 
 from paradiff.metrics import psnr
 
@@ -40,6 +52,18 @@ STRATEGIES = {
     "parastep": {"warmup_steps": 2},
     "cfg": {},
     "ulysses": {},
+}
+
+#: The long-video table's transformer (the same size) and call: latent frames of one pass, steps, pixels.
+SKYREELS_30M = dict(num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, rope_max_seq_len=1024)
+LONG = {"frames": 8, "steps": 6, "size": 128}
+QUICK_LONG = {"frames": 4, "steps": 2, "size": 32}
+#: The long-video rows: strategy and options.
+LONG_STRATEGIES = {
+    "dualparal (fresh)": ("dualparal", {"dualparal_displaced": False}),
+    "dualparal (displaced)": ("dualparal", {"warmup_steps": 2}),
+    "patch": ("patch", {"warmup_steps": 2}),
+    "parastep": ("parastep", {"warmup_steps": 2}),
 }
 
 _PIPE: dict = {}
@@ -96,17 +120,136 @@ def on_ranks(strategy: str, options: dict, size: int, frames: int, steps: int) -
     return {**result, "bytes_per_step": stats["bytes_per_step"]}
 
 
+def long_video(strategy: str | None, options: dict, latent_frames: int, steps: int, size: int) -> dict:
+    """One long-video call on this rank (one device when ``strategy`` is None), with its memory; or why it failed."""
+    import paradiff
+
+    torch.set_num_threads(1)
+    pipe = build_df_pipeline(7, **SKYREELS_30M)
+    call = df_call(latent_frames=latent_frames, size=size, steps=steps)
+    with torch.no_grad():
+        pipe(**df_call(latent_frames=2, size=size, steps=1))  # first-call allocations out of the timed run
+    try:
+        if strategy is not None:
+            pipe = paradiff.parallelize(pipe, strategy=strategy, **options)
+        Path("/proc/self/clear_refs").write_text("5")
+        before = status_mb("VmRSS")
+        start = time.perf_counter()
+        with torch.no_grad():
+            latents = pipe(**call).frames
+        latency = time.perf_counter() - start
+    except paradiff.ParadiffError as error:
+        return {"failed": f"refused: {error}"}
+    except Exception as error:  # a strategy that accepts the pipeline but breaks on it: the row says so
+        return {"failed": f"fails: {type(error).__name__}: {error}"}
+    finally:
+        paradiff.unparallelize(pipe)
+    return {
+        "latents": latents.numpy(),
+        "latency_s": latency,
+        "peak_mb": status_mb("VmHWM"),
+        "working_mb": status_mb("VmHWM") - before,
+        "parameters": sum(p.numel() for p in pipe.transformer.parameters()),
+    }
+
+
+def flicker(latents: np.ndarray) -> float:
+    """Mean absolute change of ``(batch, channels, frames, rows, cols)`` latents from one frame to the next."""
+    return float(np.abs(np.diff(latents, axis=2)).mean())
+
+
+def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
+    """One device against each long-video row at 1×, 2× and 4× the frames of one pass; prints and writes JSON."""
+    rows = []
+    for multiple in (1, 2, 4):
+        frames = one_pass * multiple
+        shape = (frames, steps, size)
+        with RankPool(1, timeout_s=7200, threads_per_rank=1) as pool:  # fresh processes: their memory untouched
+            base = pool.run(long_video, None, {}, *shape)[0]
+        latent_range = float(base["latents"].max() - base["latents"].min())
+        common = {"latent_frames": frames, "multiple": multiple}
+        rows.append(
+            {
+                **common,
+                "strategy": "one device",
+                "latency_s": base["latency_s"],
+                "speedup": 1.0,
+                "peak_mb_per_rank": base["peak_mb"],
+                "working_mb_per_rank": base["working_mb"],
+                "psnr_db": None,
+                "flicker": flicker(base["latents"]),
+            }
+        )
+        for label, (strategy, options) in LONG_STRATEGIES.items():
+            with RankPool(2, timeout_s=7200, threads_per_rank=1) as pool:
+                try:
+                    ranks = pool.run(long_video, strategy, options, *shape)
+                except RankFailure as failure:
+                    ranks = [{"failed": f"fails: {str(failure).splitlines()[0]}"}]
+            if "failed" in ranks[0]:
+                rows.append({**common, "strategy": label, "failed": ranks[0]["failed"]})
+                continue
+            latency = max(result["latency_s"] for result in ranks)
+            rows.append(
+                {
+                    **common,
+                    "strategy": label,
+                    "latency_s": latency,
+                    "speedup": base["latency_s"] / latency,
+                    "peak_mb_per_rank": max(r["peak_mb"] for r in ranks),
+                    "working_mb_per_rank": max(r["working_mb"] for r in ranks),
+                    "psnr_db": psnr(ranks[0]["latents"], base["latents"], data_range=latent_range),
+                    "flicker": flicker(ranks[0]["latents"]),
+                }
+            )
+    print(
+        f"Long videos: SkyReels-V2 diffusion-forcing DiT, {base['parameters'] / 1e6:.1f}M parameters, {size} px, "
+        f"{steps} steps, blocks of 2 latent frames one level apart, CFG; one pass holds {one_pass} latent frames; "
+        "2 ranks"
+    )
+    print("| latent frames | strategy | latency s | speedup | peak MB/rank | working MB/rank | PSNR dB | flicker |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        frames = f"{row['latent_frames']} ({row['multiple']}×)"
+        if "failed" in row:
+            print(f"| {frames} | {row['strategy']} | {row['failed'].splitlines()[0][:160]} | | | | | |")
+            continue
+        quality = "—" if row["psnr_db"] is None else f"{row['psnr_db']:.1f}"
+        print(
+            f"| {frames} | {row['strategy']} | {row['latency_s']:.1f} | {row['speedup']:.2f}x "
+            f"| {row['peak_mb_per_rank']:.0f} | {row['working_mb_per_rank']:.0f} | {quality} | {row['flicker']:.4f} |"
+        )
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    shape = {"one_pass_latent_frames": one_pass, "steps": steps, "size": size}
+    Path(out).write_text(json.dumps({"shape": shape, "parameters": base["parameters"], "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--frames", type=int, default=17)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
-    parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK}")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK}, long videos {QUICK_LONG}")
+    parser.add_argument("--only", choices=("strategies", "long"), help="run one table (default: both)")
+    parser.add_argument("--long-frames", type=int, default=LONG["frames"], help="latent frames one pass holds")
+    parser.add_argument("--long-steps", type=int, default=LONG["steps"])
+    parser.add_argument("--long-size", type=int, default=LONG["size"])
     parser.add_argument("--out", default="benchmarks/out/video_bench.json")
+    parser.add_argument("--long-out", default="benchmarks/out/video_long_bench.json")
     args = parser.parse_args()
     if args.quick:
         args.size, args.frames, args.steps = QUICK["size"], QUICK["frames"], QUICK["steps"]
+        args.long_frames, args.long_steps, args.long_size = (
+            QUICK_LONG["frames"],
+            QUICK_LONG["steps"],
+            QUICK_LONG["size"],
+        )
+    if args.only != "strategies":
+        long_video_table(args.long_frames, args.long_steps, args.long_size, args.long_out)
+    if args.only == "long":
+        return
     shape = (args.size, args.frames, args.steps)
 
     rows = []
