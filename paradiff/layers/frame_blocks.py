@@ -69,7 +69,7 @@ class WindowHook(CallContextHook):
 
     ``plan(module, inputs, context)`` says which blocks the call runs, in order, as :class:`BlockPass`es,
     how many latent frames a block has, which window frames get a prediction (a contiguous range) and
-    the stage link; ``finish(context, passes)`` is told when they have run.
+    the stage link; ``finish(context)`` is told when they have run.
     """
 
     def __init__(self, latent_arg: str, timestep_arg: str, cursor: BlockCursor, plan: Callable, finish: Callable):
@@ -102,7 +102,7 @@ class WindowHook(CallContextHook):
         link.share_output(region)  # the last stage's prediction, to every rank
         sample = region.new_zeros(*region.shape[:2], latent.shape[2], *region.shape[3:])
         sample[:, :, first:stop] = region
-        self.finish(self.context.name, passes)
+        self.finish(self.context.name)
         return replace_output_sample(output, sample)
 
 

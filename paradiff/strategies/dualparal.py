@@ -151,7 +151,7 @@ class DualParalStrategy(Strategy):
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
         cursor = BlockCursor()
-        schedule = FrameSchedule(family, comm, self.options, cursor)
+        schedule = FrameSchedule(family, comm, self.options)
         installed = DualParalInstallation(denoiser, self.name, comm, blocks, cut, schedule)
         window = WindowHook(family.latent_arg, family.timestep_arg, cursor, schedule.plan, schedule.finish)
         installed.hook(denoiser, window)
@@ -227,8 +227,8 @@ class FrameSchedule:
     (0: not started; ``steps + 1``: finished) and whether the scheduler updates it (in flight).
     """
 
-    def __init__(self, family: DenoiserFamily, comm: Communicator, options: DualParalOptions, cursor: BlockCursor):
-        self.family, self.comm, self.options, self.cursor = family, comm, options, cursor
+    def __init__(self, family: DenoiserFamily, comm: Communicator, options: DualParalOptions):
+        self.family, self.comm, self.options = family, comm, options
         self.levels: torch.Tensor | None = None
         self.updated: torch.Tensor | None = None
         self.finished_level = 0
@@ -354,7 +354,7 @@ class FrameSchedule:
             return run.finished[1]
         raise ParadiffError(f"strategy='dualparal' holds no keys and values of frame block {before}")
 
-    def finish(self, context: str | None, passes: list[BlockPass]) -> None:
+    def finish(self, context: str | None) -> None:
         """The call's blocks have run: what they kept is the previous step's for the next call."""
         run = self._context(context or "default")
         run.previous, run.now = run.now, {}
