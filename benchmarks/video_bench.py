@@ -27,6 +27,7 @@ of each length). A strategy that refuses the pipeline or fails on it gets a row 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -121,21 +122,26 @@ def on_ranks(strategy: str, options: dict, size: int, frames: int, steps: int) -
 
 
 def long_video(strategy: str | None, options: dict, latent_frames: int, steps: int, size: int) -> dict:
-    """One long-video call on this rank (one device when ``strategy`` is None), with its memory; or why it failed."""
+    """One long-video call on this rank, with its memory; or why it failed.
+
+    ``strategy`` None: one device, the stock pipeline; ``"schedule"``: one device under ``one_device_schedule``.
+    """
     import paradiff
+    from paradiff.strategies.dualparal import one_device_schedule
 
     torch.set_num_threads(1)
     pipe = build_df_pipeline(7, **SKYREELS_30M)
     call = df_call(latent_frames=latent_frames, size=size, steps=steps)
     with torch.no_grad():
         pipe(**df_call(latent_frames=2, size=size, steps=1))  # first-call allocations out of the timed run
+    window = one_device_schedule(pipe) if strategy == "schedule" else contextlib.nullcontext()
     try:
-        if strategy is not None:
+        if strategy not in (None, "schedule"):
             pipe = paradiff.parallelize(pipe, strategy=strategy, **options)
         Path("/proc/self/clear_refs").write_text("5")
         before = status_mb("VmRSS")
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), window:
             latents = pipe(**call).frames
         latency = time.perf_counter() - start
     except paradiff.ParadiffError as error:
@@ -158,66 +164,73 @@ def flicker(latents: np.ndarray) -> float:
     return float(np.abs(np.diff(latents, axis=2)).mean())
 
 
+def _long_row(common: dict, label: str, ranks: list[dict], base: dict, schedule: dict) -> dict:
+    if "failed" in ranks[0]:
+        return {**common, "strategy": label, "failed": ranks[0]["failed"]}
+    latents, latency = ranks[0]["latents"], max(result["latency_s"] for result in ranks)
+
+    def against(reference: dict) -> float:
+        return psnr(latents, reference["latents"], data_range=float(np.ptp(reference["latents"])))
+
+    return {
+        **common,
+        "strategy": label,
+        "latency_s": latency,
+        "speedup": base["latency_s"] / latency,
+        "peak_mb_per_rank": max(r["peak_mb"] for r in ranks),
+        "working_mb_per_rank": max(r["working_mb"] for r in ranks),
+        "psnr_db": against(base),
+        "psnr_schedule_db": against(schedule),
+        "flicker": flicker(latents),
+    }
+
+
 def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
-    """One device against each long-video row at 1×, 2× and 4× the frames of one pass; prints and writes JSON."""
+    """One device against each long-video row at 1×, 2× and 4× the frames of one pass; prints and writes JSON.
+
+    Two references: one device running the stock pipeline, and one device under ``one_device_schedule`` (what
+    ``dualparal`` computes fresh: the model's block-causal window narrowed to the previous block's frames).
+    """
     rows = []
     for multiple in (1, 2, 4):
-        frames = one_pass * multiple
-        shape = (frames, steps, size)
+        shape = (one_pass * multiple, steps, size)
         with RankPool(1, timeout_s=7200, threads_per_rank=1) as pool:  # fresh processes: their memory untouched
             base = pool.run(long_video, None, {}, *shape)[0]
-        latent_range = float(base["latents"].max() - base["latents"].min())
-        common = {"latent_frames": frames, "multiple": multiple}
-        rows.append(
-            {
-                **common,
-                "strategy": "one device",
-                "latency_s": base["latency_s"],
-                "speedup": 1.0,
-                "peak_mb_per_rank": base["peak_mb"],
-                "working_mb_per_rank": base["working_mb"],
-                "psnr_db": None,
-                "flicker": flicker(base["latents"]),
-            }
-        )
+        with RankPool(1, timeout_s=7200, threads_per_rank=1) as pool:
+            schedule = pool.run(long_video, "schedule", {}, *shape)[0]
+        common = {"latent_frames": shape[0], "multiple": multiple}
+        rows.append(_long_row(common, "one device", [base], base, schedule))
+        rows.append(_long_row(common, "one-device schedule", [schedule], base, schedule))
         for label, (strategy, options) in LONG_STRATEGIES.items():
             with RankPool(2, timeout_s=7200, threads_per_rank=1) as pool:
                 try:
                     ranks = pool.run(long_video, strategy, options, *shape)
                 except RankFailure as failure:
                     ranks = [{"failed": f"fails: {str(failure).splitlines()[0]}"}]
-            if "failed" in ranks[0]:
-                rows.append({**common, "strategy": label, "failed": ranks[0]["failed"]})
-                continue
-            latency = max(result["latency_s"] for result in ranks)
-            rows.append(
-                {
-                    **common,
-                    "strategy": label,
-                    "latency_s": latency,
-                    "speedup": base["latency_s"] / latency,
-                    "peak_mb_per_rank": max(r["peak_mb"] for r in ranks),
-                    "working_mb_per_rank": max(r["working_mb"] for r in ranks),
-                    "psnr_db": psnr(ranks[0]["latents"], base["latents"], data_range=latent_range),
-                    "flicker": flicker(ranks[0]["latents"]),
-                }
-            )
+            rows.append(_long_row(common, label, ranks, base, schedule))
     print(
         f"Long videos: SkyReels-V2 diffusion-forcing DiT, {base['parameters'] / 1e6:.1f}M parameters, {size} px, "
         f"{steps} steps, blocks of 2 latent frames one level apart, CFG; one pass holds {one_pass} latent frames; "
-        "2 ranks"
+        "2 ranks; PSNR of the latents against one device (stock) and against the one-device schedule"
     )
-    print("| latent frames | strategy | latency s | speedup | peak MB/rank | working MB/rank | PSNR dB | flicker |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| latent frames | strategy | latency s | speedup | peak MB/rank | working MB/rank | PSNR dB | "
+        "PSNR vs schedule dB | flicker |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def decibels(value) -> str:
+        return "—" if value is None else "∞" if value == float("inf") else f"{value:.1f}"
+
     for row in rows:
         frames = f"{row['latent_frames']} ({row['multiple']}×)"
         if "failed" in row:
-            print(f"| {frames} | {row['strategy']} | {row['failed'].splitlines()[0][:160]} | | | | | |")
+            print(f"| {frames} | {row['strategy']} | {row['failed'].splitlines()[0][:160]} | | | | | | |")
             continue
-        quality = "—" if row["psnr_db"] is None else f"{row['psnr_db']:.1f}"
         print(
             f"| {frames} | {row['strategy']} | {row['latency_s']:.1f} | {row['speedup']:.2f}x "
-            f"| {row['peak_mb_per_rank']:.0f} | {row['working_mb_per_rank']:.0f} | {quality} | {row['flicker']:.4f} |"
+            f"| {row['peak_mb_per_rank']:.0f} | {row['working_mb_per_rank']:.0f} | {decibels(row['psnr_db'])} "
+            f"| {decibels(row['psnr_schedule_db'])} | {row['flicker']:.4f} |"
         )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     shape = {"one_pass_latent_frames": one_pass, "steps": steps, "size": size}
