@@ -40,7 +40,7 @@ from family_pipelines_video import build_video_pipeline
 from rank_workers import RankFailure, RankPool
 from skyreels_pipelines import build_df_pipeline, df_call
 
-from paradiff.metrics import psnr
+from paradiff.metrics import frame_changes, psnr
 
 QUICK = {"size": 64, "frames": 5, "steps": 3}
 #: The benchmark's transformer (about 30M parameters); the rest of the tiny test pipeline is kept.
@@ -160,8 +160,8 @@ def long_video(strategy: str | None, options: dict, latent_frames: int, steps: i
 
 
 def flicker(latents: np.ndarray) -> float:
-    """Mean absolute change of ``(batch, channels, frames, rows, cols)`` latents from one frame to the next."""
-    return float(np.abs(np.diff(latents, axis=2)).mean())
+    """Mean absolute change of ``(1, channels, frames, rows, cols)`` latents from one frame to the next."""
+    return float(frame_changes(np.moveaxis(latents[0], 1, 0)).mean())
 
 
 def _long_row(common: dict, label: str, ranks: list[dict], base: dict, schedule: dict) -> dict:

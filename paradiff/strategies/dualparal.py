@@ -13,11 +13,14 @@ denoiser call as a pipeline of stages over frame blocks (``paradiff.layers.frame
   stage's weights (as ``pipefusion``; ``unparallelize`` brings the others back);
 * a call runs only the frame blocks in flight (whose prediction the scheduler uses), oldest first,
   each through every stage in turn, so stage ``s`` works on block ``m`` while stage ``s+1`` works on
-  block ``m−1``; the last stage's prediction of the blocks in flight goes to every rank;
+  block ``m−1``; the last stage's prediction of the blocks in flight goes to every rank (the pipeline
+  drains at the end of each call, since the scheduler runs between calls: with ``M`` blocks in flight
+  each rank idles about ``(N−1)/(M+N−1)`` of a call);
 * each self-attention of frame block ``m`` attends to its own tokens and to the keys and values of the
   last ``dualparal_context`` frames of block ``m−1`` at the same layer (the feature cache), instead of
   every earlier block as the model's block-causal mask would: no rank ever holds the whole video's
-  tokens, only the blocks in flight and each layer's kept keys and values of their last frames.
+  tokens, only the blocks in flight and each layer's kept keys and values of their last frames (the
+  pipeline's own latents of the whole video, a few channels per pixel, stay on every rank).
 
 Displaced or fresh. Block ``m−1`` runs before block ``m`` on every stage, so its keys and values of this
 step are at hand (fresh). With ``dualparal_displaced=True`` (default), after ``warmup_steps`` a block
@@ -30,8 +33,9 @@ The one-device schedule it equals. Fresh (``dualparal_displaced=False``, or ``wa
 pipeline's loop length ``pipe.num_timesteps``), the output equals, within float round-off, the stock
 pipeline run on one device with the same arguments and the model's block-causal mask narrowed to this
 window: frame block ``m`` sees block ``m`` and the last ``dualparal_context`` frames of block ``m−1``.
-:func:`one_device_schedule` installs exactly that on one device. With two blocks or fewer, or a context
-that reaches every earlier block (impossible beyond two), it is the stock pipeline's own output.
+:func:`one_device_schedule` installs exactly that on one device. For a video of at most two frame blocks
+with the whole previous block as context (``dualparal_context=None``), that window is the model's own mask,
+and the output is the stock pipeline's.
 
 Not run: ``addnoise_condition > 0`` (it re-noises the finished history frames at every step, so their keys
 and values never settle), a model whose causal block is one frame (the pipeline was called without
