@@ -128,9 +128,9 @@ def test_the_cfg_split_pairs_calls_with_per_frame_timesteps(pool2):
     _check_exact(results)
 
 
-def call_error(options: dict, **call) -> str:
-    """The ParadiffError a ``dualparal`` call raises on this rank, or ''."""
-    pipe = paradiff.parallelize(build_df_pipeline(2), strategy="dualparal", **options)
+def call_error(options: dict, strategy: str = "dualparal", **call) -> str:
+    """The ParadiffError a ``strategy`` call raises on this rank, or ''."""
+    pipe = paradiff.parallelize(build_df_pipeline(2), strategy=strategy, **options)
     try:
         pipe(**df_call(**call))
     except ParadiffError as error:
@@ -159,6 +159,13 @@ def test_calls_it_cannot_run_fail_on_every_rank(pool2, options, call, message):
 
     for error in pool2.run(call_error, options, **call):
         assert re.search(message, error), error
+
+
+@pytest.mark.timeout(120)
+def test_parastep_refuses_a_pipeline_that_copies_its_scheduler(pool2):
+    """Diffusion forcing steps one scheduler copy per frame block, out of the step rounds' sight."""
+    for error in pool2.run(call_error, {}, strategy="parastep"):
+        assert "this pipeline copies its scheduler during the call" in error and "'dualparal' or 'cfg'" in error
 
 
 @pytest.mark.parametrize("family", ["wan", "latte"])

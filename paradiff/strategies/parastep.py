@@ -29,12 +29,29 @@ import inspect
 from torch import nn
 
 from ..compat import loop_length
+from ..errors import ParadiffError
 from ..layers.reuse import StepReuseHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.step_rounds import StepRounds
 from .base import Strategy
 from .installation import Installation
+
+
+class _RoundsStep(functools.partial):
+    """The wrapped ``scheduler.step``; a copy of the scheduler made during the call is refused by name.
+
+    Step rounds keep one scheduler's state in step on every rank. A pipeline that deep-copies its
+    scheduler during the call (diffusion-forcing pipelines step one copy per frame block) would copy this
+    wrapper, process group and all, and step the copies out of the rounds' sight.
+    """
+
+    def __deepcopy__(self, memo):
+        raise ParadiffError(
+            "strategy='parastep' keeps the pipeline's one scheduler in step across ranks, and this pipeline copies "
+            "its scheduler during the call (one per frame block, as diffusion-forcing pipelines do); use "
+            "strategy='dualparal' or 'cfg' for it"
+        )
 
 
 class ParaStepInstallation(Installation):
@@ -52,7 +69,7 @@ class ParaStepInstallation(Installation):
         shadowed = vars(scheduler).get("step")  # a wrapper someone else put on the instance, restored after
         stock_step = scheduler.step
         rounds = StepRounds(self.comm, scheduler, lambda: loop_length(pipe))
-        wrapper = functools.partial(rounds.scheduler_step, stock_step, inspect.signature(stock_step))
+        wrapper = _RoundsStep(rounds.scheduler_step, stock_step, inspect.signature(stock_step))
         scheduler.step = functools.update_wrapper(wrapper, stock_step)
         self.rounds = rounds
         try:
