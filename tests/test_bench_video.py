@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 
+import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
@@ -175,7 +176,8 @@ def made_up_job(out) -> BenchJob:
 
 
 def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path):
-    lines = write_report(made_up_job(tmp_path), made_up_results())
+    results = made_up_results()
+    lines = write_report(made_up_job(tmp_path), results)
     assert " | worst-frame SSIM | LPIPS | flicker | added flicker |" in lines[0]
 
     document = json.loads((tmp_path / "results.json").read_text())
@@ -198,24 +200,27 @@ def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path
     assert video == {
         "frames": FRAMES,
         "strips": ["frames-1.png", "frames-2.png"],
-        "previews": ["preview-1.gif", "preview-2.gif"],
+        "previews": ["preview-1.mp4", "preview-2.mp4"],
         "flicker_plot": "flicker.png",
     }
     for name in [*video["strips"], "flicker.png"]:
         with Image.open(tmp_path / name) as image:
             assert image.format == "PNG"
-    with Image.open(tmp_path / "preview-1.gif") as gif:
-        assert gif.is_animated and gif.n_frames == FRAMES and gif.info["loop"] == 0
+    videos = [(row, run.outputs[0]) for row, run in zip(rows, results.runs, strict=True)]
+    preview = iio.imread(tmp_path / "preview-1.mp4")
+    assert preview.shape[0] == FRAMES and preview.shape[1] % 16 == preview.shape[2] % 16 == 0
+    assert preview.shape[1:3] == tuple(16 * -(-side // 16) for side in preview_frames(videos)[0].shape[:2])
 
     markdown = (tmp_path / "report.md").read_text()
     assert "| " + " | ".join(VIDEO_TABLE_HEADERS) + " |" in markdown
     assert "| patch warmup=1 | 0.50 | 2.00× | 1.00 | 0.10 |" in markdown
-    assert "![frames, prompt 2](frames-2.png)" in markdown and "(preview-1.gif)" in markdown
+    assert "![frames, prompt 2](frames-2.png)" in markdown and "(preview-1.mp4)" in markdown
     assert "| frame | patch warmup=1 PSNR dB | patch warmup=1 SSIM | cfg PSNR dB | cfg SSIM |" in markdown
     assert f"| {FRAMES} | " in markdown and "![flicker](flicker.png)" in markdown
     page = (tmp_path / "report.html").read_text()
-    for name in ("preview-1.gif", "preview-2.gif", "flicker.png", "speedup-vs-psnr.png"):
+    for name in ("preview-1.mp4", "preview-2.mp4", "flicker.png", "speedup-vs-psnr.png"):
         assert f'src="{name}"' in page
+    assert '<video src="preview-2.mp4"' in page
     assert "<th>worst-frame PSNR dB</th>" in page and "<th>cfg SSIM</th>" in page
 
 
@@ -237,4 +242,4 @@ def test_bench_of_a_video_pipeline_on_two_ranks(pool2, tmp_path):
     for row in rows[1:]:
         assert 0.99 < row["ssim_worst"] <= row["ssim"] <= 1 and len(row["per_frame"]["ssim"]) == 8
         assert abs(row["flicker_added"]) < 1e-3 and row["flicker"] > 0
-    assert (out / "preview-1.gif").is_file() and (out / "frames-1.png").is_file()
+    assert (out / "preview-1.mp4").is_file() and (out / "frames-1.png").is_file()

@@ -28,8 +28,8 @@ from .figures import (
     flicker_plot,
     frame_strip,
     preview_frames,
-    save_gif,
     save_png,
+    save_video,
     speedup_psnr_plot,
 )
 from .job import BenchJob
@@ -136,15 +136,15 @@ def _video_figures_of_row(scores: list[dict]) -> dict:
 
 
 def _video_figures(out: Path, results: BenchResults, rows: list[dict]) -> dict:
-    """Per prompt a frame strip (PNG) and an animated preview (GIF) of every run, and the flicker plot."""
+    """Per prompt a frame strip (PNG) and an animated preview (MP4) of every run, and the flicker plot."""
     labels = [row["run"] for row in rows]
     strips, previews = [], []
     for index in range(len(results.prompts)):
         videos = [(label, run.outputs[index]) for label, run in zip(labels, results.runs, strict=True)]
         strips.append(f"frames-{index + 1}.png")
         save_png(frame_strip(videos), out / strips[-1])
-        previews.append(f"preview-{index + 1}.gif")
-        save_gif(preview_frames(videos), out / previews[-1])
+        previews.append(f"preview-{index + 1}.mp4")
+        save_video(preview_frames(videos), out / previews[-1])
     flicker_plot([(row["run"], row["changes"]) for row in rows], out / FLICKER_FILE)
     return {
         "frames": len(results.runs[0].outputs[0]),
@@ -245,7 +245,7 @@ def _cells(row: dict, video: bool) -> list[str]:
         f"{row['ssim_worst']:.4f}",
         lpips,
         f"{row['flicker']:.4f}",
-        f"{row['flicker_added']:+.4f}",
+        f"{round(row['flicker_added'], 4) + 0.0:+.4f}",  # + 0.0: no "-0.0000" for a difference that rounds away
     ]
 
 
@@ -418,7 +418,8 @@ def _html_table(headers: tuple[str, ...], rows: list[list[str]]) -> str:
 def _html_video(config: dict, rows: list[dict], media: dict) -> str:
     esc = html.escape
     previews = "".join(
-        f'<h3>{esc(_prompt_title(config, index))}</h3><img src="{esc(preview)}" alt="prompt {index + 1}, animated">'
+        f"<h3>{esc(_prompt_title(config, index))}</h3>"
+        f'<video src="{esc(preview)}" style="max-width: 100%" autoplay loop muted playsinline controls></video>'
         for index, preview in enumerate(media["previews"])
     )
     return (
