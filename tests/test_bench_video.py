@@ -17,6 +17,7 @@ from PIL import Image
 from torchmetrics.functional.image import structural_similarity_index_measure
 from video_pipeline import save_tiny_cogvideox
 
+from paradiff.bench import report
 from paradiff.bench.fidelity import video_fidelity
 from paradiff.bench.figures import GAP, frame_indices, frame_strip, preview_frames
 from paradiff.bench.job import ONE_DEVICE, BenchJob, RunSpec
@@ -175,7 +176,9 @@ def made_up_job(out) -> BenchJob:
     return BenchJob("some-video-model", ("patch", "cfg"), (1,), 2, 2, 3, None, 0, 1, str(out))
 
 
-def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path):
+def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path, monkeypatch):
+    plotted = []
+    monkeypatch.setattr(report, "speedup_psnr_plot", lambda points, path, ylabel: plotted.append((points, ylabel)))
     results = made_up_results()
     lines = write_report(made_up_job(tmp_path), results)
     assert " | worst-frame SSIM | LPIPS | flicker | added flicker |" in lines[0]
@@ -195,6 +198,9 @@ def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path
     assert exact["flicker_added"] == 0
     assert exact["psnr_db"] is None and exact["psnr_db_worst"] is None and exact["ssim_worst"] == 1
     assert "grid" not in exact, "videos get strips and previews, not the image grids"
+    [(points, ylabel)] = plotted
+    assert points == [("patch warmup=1", 2.0, flickering["psnr_db_worst"]), ("cfg", 2.0, math.inf)]
+    assert ylabel.startswith("worst-frame PSNR"), "identical only when every frame is: the worst frame is plotted"
 
     video = document["video"]
     assert video == {
@@ -218,7 +224,7 @@ def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path
     assert "| frame | patch warmup=1 PSNR dB | patch warmup=1 SSIM | cfg PSNR dB | cfg SSIM |" in markdown
     assert f"| {FRAMES} | " in markdown and "![flicker](flicker.png)" in markdown
     page = (tmp_path / "report.html").read_text()
-    for name in ("preview-1.mp4", "preview-2.mp4", "flicker.png", "speedup-vs-psnr.png"):
+    for name in ("preview-1.mp4", "preview-2.mp4", "flicker.png"):
         assert f'src="{name}"' in page
     assert '<video src="preview-2.mp4"' in page
     assert "<th>worst-frame PSNR dB</th>" in page and "<th>cfg SSIM</th>" in page

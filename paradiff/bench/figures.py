@@ -51,7 +51,9 @@ def save_png(array: np.ndarray, path: Path) -> None:
     Image.fromarray(array).save(path)
 
 
-def speedup_psnr_plot(points: list[tuple[str, float, float]], path: Path) -> None:
+def speedup_psnr_plot(
+    points: list[tuple[str, float, float]], path: Path, ylabel: str = "PSNR vs one device (dB, mean over prompts)"
+) -> None:
     """Scatter of (label, speedup, PSNR dB) points; identical images (PSNR ``inf``) sit on a line marked ∞."""
     finite = [psnr for _, _, psnr in points if math.isfinite(psnr)]
     ceiling = max(finite, default=40.0) + 10.0
@@ -73,7 +75,7 @@ def speedup_psnr_plot(points: list[tuple[str, float, float]], path: Path) -> Non
     axes.text(1.0, 0.01, " one device", transform=axes.get_xaxis_transform(), fontsize=8, color="gray")
     axes.margins(x=0.15, y=0.1)
     axes.set_xlabel("speedup vs one device (×)")
-    axes.set_ylabel("PSNR vs one device (dB, mean over prompts)")
+    axes.set_ylabel(ylabel)
     axes.set_title("speed vs fidelity")
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
