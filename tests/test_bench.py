@@ -83,7 +83,7 @@ def no_workers(monkeypatch):
     [
         (["--nproc", "0"], "--nproc must be at least 1, got 0"),
         (["--prompts", "0"], "--prompts must be at least 1, got 0"),
-        (["--strategies", "patch,dualparal"], "unknown strategy 'dualparal'; available: patch"),
+        (["--strategies", "patch,tiles"], "unknown strategy 'tiles'; available: patch"),
         (["--strategies", ""], "--strategies takes a comma-separated list without empty items, got ''"),
         (["--warmup", "1,,4"], "--warmup takes a comma-separated list without empty items"),
         (["--warmup", "1,two"], "--warmup takes integers >= 0 (synchronous steps after the first), got 'two'"),
