@@ -19,7 +19,7 @@ from video_pipeline import save_tiny_cogvideox
 
 from paradiff.bench import report
 from paradiff.bench.fidelity import video_fidelity
-from paradiff.bench.figures import GAP, frame_indices, frame_strip, preview_frames
+from paradiff.bench.figures import GAP, STRIP_TILE, frame_indices, frame_strip, preview_frames
 from paradiff.bench.job import ONE_DEVICE, BenchJob, RunSpec
 from paradiff.bench.prompts import VIDEO_SCENES, bench_prompts
 from paradiff.bench.report import VIDEO_TABLE_HEADERS, write_report
@@ -147,6 +147,11 @@ def test_frame_strip_and_preview_layout():
         for top in tops
     )
     assert cfg_colours == {(0, 0, 4)} and len(patch_colours) > 1
+    small = moving_square(size=STRIP_TILE)
+    big = small.repeat(2, axis=1).repeat(2, axis=2)
+    strips = [frame_strip([("one device", video), ("patch", np.clip(video + 0.05, 0, 1))]) for video in (small, big)]
+    assert strips[0].shape == strips[1].shape, "frames above STRIP_TILE px are shrunk to it in the strip"
+    assert np.abs(strips[0].astype(int) - strips[1]).max() <= 1, "each pixel the mean of the 2×2 it covers"
     frames = preview_frames(runs)
     assert len(frames) == FRAMES and len({frame.shape for frame in frames}) == 1
     assert not np.array_equal(frames[0], frames[1]), "the square moves"

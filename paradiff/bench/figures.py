@@ -18,6 +18,9 @@ DIFF_GAIN = 10.0
 GAP = 4
 #: Frames shown per video in a frame strip (evenly spaced, the first and the last among them).
 STRIP_FRAMES = 8
+#: The longest side of a frame in a strip: an overview, which at 256 px and four runs made a 3 MB PNG; the
+#: previews keep the full size.
+STRIP_TILE = 128
 #: Frames per second of the animated previews (what ``paradiff generate`` writes its videos at).
 PREVIEW_FPS = 8
 #: H.264 encodes whole 16-pixel blocks; a preview is padded to them rather than rescaled (which would blur it).
@@ -128,7 +131,20 @@ def frame_strip(runs: list[tuple[str, np.ndarray]]) -> np.ndarray:
     for label, video in runs[1:]:
         cells += [[video[index] for index in indices], [difference_heatmap(video[i], reference[i]) for i in indices]]
         labels += [label, DIFF_LABEL]
-    return labelled_grid(cells, labels, [f"frame {index + 1}" for index in indices])
+    shrunk = [[_shrink(tile, STRIP_TILE) for tile in row] for row in cells]
+    return labelled_grid(shrunk, labels, [f"frame {index + 1}" for index in indices])
+
+
+def _shrink(tile: np.ndarray, longest: int) -> np.ndarray:
+    """``tile`` (in [0, 1]) with its longest side at most ``longest`` px, each new pixel the mean of those it covers
+    (a difference heatmap shrinks to where the differences are, without losing small ones to sampling)."""
+    height, width = tile.shape[:2]
+    scale = max(height, width) / longest
+    if scale <= 1:
+        return tile
+    image = Image.fromarray((np.clip(tile, 0.0, 1.0) * 255).round().astype(np.uint8))
+    size = (max(1, round(width / scale)), max(1, round(height / scale)))
+    return np.asarray(image.resize(size, Image.Resampling.BOX)) / 255.0
 
 
 def preview_frames(runs: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:

@@ -24,6 +24,7 @@ from .figures import (
     DIFF_GAIN,
     DIFF_LABEL,
     STRIP_FRAMES,
+    STRIP_TILE,
     comparison_grid,
     flicker_plot,
     frame_strip,
@@ -347,8 +348,9 @@ def _flicker_caption() -> str:
 
 def _strip_caption() -> str:
     return (
-        f"Up to {STRIP_FRAMES} evenly spaced frames per run, one row per run (one device first), each parallel run "
-        f"followed by its difference from one device ({DIFF_LABEL}, inferno colour map, clipped at 1)."
+        f"Up to {STRIP_FRAMES} evenly spaced frames per run (at most {STRIP_TILE} px; the previews have the full "
+        "size), one row per run (one device first), each parallel run followed by its difference from one device "
+        f"({DIFF_LABEL}, inferno colour map, clipped at 1)."
     )
 
 
