@@ -18,9 +18,10 @@ DIFF_GAIN = 10.0
 GAP = 4
 #: Frames shown per video in a frame strip (evenly spaced, the first and the last among them).
 STRIP_FRAMES = 8
-#: The longest side of a frame in a strip: an overview, which at 256 px and four runs made a 3 MB PNG; the
-#: previews keep the full size.
-STRIP_TILE = 128
+#: The longest side of a frame in a strip, an overview: eight frames and the labels then fit the ~900 px a page
+#: shows a markdown image at, and the PNG stays small (four runs: 0.4 MB; at full size, 3 MB for 256-px frames).
+#: The previews keep the full size.
+STRIP_TILE = 96
 #: Frames per second of the animated previews (what ``paradiff generate`` writes its videos at).
 PREVIEW_FPS = 8
 #: H.264 encodes whole 16-pixel blocks; a preview is padded to them rather than rescaled (which would blur it).
