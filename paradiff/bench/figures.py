@@ -138,7 +138,7 @@ def frame_strip(runs: list[tuple[str, np.ndarray]]) -> np.ndarray:
 
 def _shrink(tile: np.ndarray, longest: int) -> np.ndarray:
     """``tile`` (in [0, 1]) with its longest side at most ``longest`` px, each new pixel the mean of those it covers
-    (a difference heatmap shrinks to where the differences are, without losing small ones to sampling)."""
+    (a heatmap keeps a dimmer trace of every difference, where sampling every other pixel would drop some)."""
     height, width = tile.shape[:2]
     scale = max(height, width) / longest
     if scale <= 1:
