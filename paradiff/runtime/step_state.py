@@ -105,8 +105,9 @@ class StepState:
 
 
 def timestep_key(timestep) -> tuple[float, ...]:
-    """A call's timestep as a comparable key: all its values. A per-frame timestep (diffusion forcing) keeps its
-    first frame at 0 once that frame is done, while later frames still move, so no single value tells steps apart."""
+    """A call's timestep as a comparable key: its distinct values, sorted. A per-frame timestep (diffusion forcing)
+    keeps its first frame at 0 once that frame is done, while later frames still move, so no single value tells
+    steps apart; distinct values keep the key one number for a batch of samples at one level, whatever its size."""
     if isinstance(timestep, torch.Tensor):
-        return tuple(timestep.detach().flatten().cpu().tolist())
+        return tuple(torch.unique(timestep.detach()).cpu().tolist())
     return (float(timestep),)
