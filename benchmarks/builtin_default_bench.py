@@ -132,7 +132,8 @@ def median_range(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="paradiff-tiny", choices=list(TRAINED_MODELS))
+    pictures = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
+    parser.add_argument("--model", default="paradiff-tiny", choices=pictures)
     parser.add_argument("--sizes", default="128,192,256,320,384,512")
     parser.add_argument("--strategies", default="patch,cfg,parastep,asyncdiff")
     parser.add_argument("--steps", type=int, default=20)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ParadiffError, ParadiffWarning
-from .loading import frames_parameter, load_pipeline, makes_video, prompt_kwargs
+from .loading import fixed_frames, frames_parameter, load_pipeline, makes_video, prompt_kwargs
 
 #: What ``--out`` may end in, per output kind (``.jpeg`` and ``.tif`` spellings included).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -161,6 +161,11 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
         frames = frames_parameter(pipe)
         if frames is None:
             raise ParadiffError(f"--frames is for video pipelines, and {name} makes images; drop --frames")
+        fixed = fixed_frames(pipe)
+        if fixed is not None and job.frames != fixed:
+            raise ParadiffError(
+                f"{name} draws {fixed} frames (its transformer's video_length); use --frames {fixed} or drop --frames"
+            )
         call_kwargs[frames] = job.frames
     wanted = output_kind(job.out)
     if wanted is not None and wanted != kind:

@@ -1,8 +1,8 @@
 """Which pipeline a ``--model`` name means, how to load it safely, and how to prompt it.
 
-* ``paradiff-tiny`` (SD-style U-Net) and ``paradiff-tiny-dit`` (PixArt-style DiT): the trained
-  built-in pipelines shipped inside the package (:mod:`paradiff.builtin`), loaded with
-  ``from_pretrained`` on their folder, offline.
+* ``paradiff-tiny`` (SD-style U-Net), ``paradiff-tiny-dit`` (PixArt-style DiT) and ``paradiff-tiny-video``
+  (Latte, text to 16-frame video): the trained built-in pipelines shipped inside the package
+  (:mod:`paradiff.builtin`), loaded with ``from_pretrained`` on their folder, offline.
 * ``random-sd`` and ``random-pixart``: benchmark-sized pipelines with random weights built from
   configs (:mod:`paradiff.tiny`); they have no text encoder, so the prompt only seeds their
   conditioning embeddings.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import ParadiffError
 
-TRAINED_MODELS = {"paradiff-tiny": "sd", "paradiff-tiny-dit": "pixart"}
+TRAINED_MODELS = {"paradiff-tiny": "sd", "paradiff-tiny-dit": "pixart", "paradiff-tiny-video": "video"}
 RANDOM_MODELS = {"random-sd": "sd", "random-pixart": "pixart"}
 #: ``generate``'s model: the built-in DiT, at a size where two CPU ranks beat one (see :func:`default_size`).
 DEFAULT_MODEL = "paradiff-tiny-dit"
@@ -241,6 +241,16 @@ def frames_parameter(pipe) -> str | None:
     """The name under which ``pipe(...)`` takes a frame count (``num_frames``, Latte's ``video_length``), or None."""
     parameters = call_parameters(pipe)
     return next((name for name in ("num_frames", "video_length") if name in parameters), None)
+
+
+def fixed_frames(pipe) -> int | None:
+    """The one frame count ``pipe`` draws when its denoiser fixes it, else None.
+
+    Latte's transformer adds a temporal position table of ``video_length`` rows to every clip, so it
+    draws that many frames and no other count.
+    """
+    denoiser = getattr(pipe, "transformer", None)
+    return getattr(getattr(denoiser, "config", None), "video_length", None)
 
 
 def makes_video(pipe) -> bool:

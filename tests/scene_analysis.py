@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paradiff.builtin.clips import DIRECTIONS
 from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES
 
 _PALETTE_NAMES = [*COLOURS, *(f"background {name}" for name in BACKGROUNDS)]
@@ -22,11 +23,11 @@ def place_of(x: float, y: float) -> str:
     return cells[(column, row)]
 
 
-def where_is(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> str | None:
-    """The cell where ``colour`` sits in an (H, W, 3) uint8 or [0, 1] float image, or None if it is absent.
+def centroid_of(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> tuple[float, float] | None:
+    """Where ``colour`` sits in an (H, W, 3) uint8 or [0, 1] float image, ``(x, y)`` as fractions of the side, or None.
 
     Every pixel takes the name of its nearest palette colour; the pixels named ``colour`` must cover
-    ``min_area`` of the picture, and their centroid gives the cell. Both are fractions of the picture,
+    ``min_area`` of the picture, and their centroid is the answer. Both are fractions of the picture,
     so the reading does not depend on its size in pixels.
     """
     pixels = np.asarray(image, dtype=np.float64)
@@ -38,7 +39,13 @@ def where_is(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> str 
         return None
     rows, cols = np.nonzero(mask)
     height, width = mask.shape
-    return place_of(cols.mean() / width, rows.mean() / height)
+    return cols.mean() / width, rows.mean() / height
+
+
+def where_is(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> str | None:
+    """The cell where ``colour`` sits in an (H, W, 3) uint8 or [0, 1] float image, or None if it is absent."""
+    centroid = centroid_of(image, colour, min_area)
+    return None if centroid is None else place_of(*centroid)
 
 
 def background_of(image: np.ndarray) -> str:
@@ -93,3 +100,34 @@ def misses(image: np.ndarray, prompt: str) -> list[str]:
 def follows(image: np.ndarray, prompt: str) -> bool:
     """Whether ``image`` shows every colour ``prompt`` asks for, where it asks, on the asked background."""
     return not misses(image, prompt)
+
+
+#: How far (a fraction of the side) the shape must travel the asked way between the first and last
+#: quarter of a clip's frames to count as moving that way.
+MIN_TRAVEL = 0.15
+
+
+def travel_of(frames: np.ndarray, prompt: str) -> float | None:
+    """How far the asked colour moves the asked way in a clip ``(F, H, W, 3)`` (a fraction of the side;
+    negative: the other way), or None if the colour is missing from the first or the last quarter of the
+    frames: between the mean centroids of those two quarters, along the prompt's direction."""
+    colour = next(word for word in prompt.split() if word in COLOURS)
+    direction = next(phrase for phrase in DIRECTIONS if phrase in prompt)
+    quarter = max(1, len(frames) // 4)
+    ends = []
+    for part in (frames[:quarter], frames[-quarter:]):
+        found = [centroid for centroid in (centroid_of(frame, colour) for frame in part) if centroid is not None]
+        if not found:
+            return None
+        ends.append(np.mean(found, axis=0))
+    return float(np.dot(ends[1] - ends[0], DIRECTIONS[direction]))
+
+
+def motion_misses(frames: np.ndarray, prompt: str) -> list[str]:
+    """What a clip gets wrong of a one-shape motion prompt (empty: followed): the asked colour must be found
+    (:func:`travel_of`) and move the asked way by at least :data:`MIN_TRAVEL` of the side."""
+    colour = next(word for word in prompt.split() if word in COLOURS)
+    travel = travel_of(frames, prompt)
+    if travel is None:
+        return [f"{colour}: absent"]
+    return [] if travel >= MIN_TRAVEL else [f"{colour}: moved {travel:+.2f} the asked way"]

@@ -1,10 +1,12 @@
 """``paradiff-tiny``: the small trained pipelines shipped with paradiff (see :mod:`paradiff.builtin.train`).
 
-One folder, ``paradiff-tiny/``, holds the shared components (VAE, text encoder, tokenizer) and two
-pipeline folders on top of them: ``sd/`` (``StableDiffusionPipeline`` with a U-Net) and ``pixart/``
-(``PixArtAlphaPipeline`` with a DiT). Each pipeline folder links the shared components, so both load
-with a plain ``from_pretrained(folder)``, offline. Prompts must use the captions' words
-(:func:`unknown_words`, :func:`warn_unknown_words`).
+One folder, ``paradiff-tiny/``, holds the shared components (VAE, text encoder, tokenizer) and three
+pipeline folders on top of them: ``sd/`` (``StableDiffusionPipeline`` with a U-Net), ``pixart/``
+(``PixArtAlphaPipeline`` with a DiT) and ``video/`` (``LattePipeline``, the DiT with temporal blocks,
+trained on clips by :mod:`paradiff.builtin.video_train`; its own tokenizer and text encoder add the
+motion words). Each pipeline folder links the components it shares, so each loads with a plain
+``from_pretrained(folder)``, offline. Prompts must use the captions' words (:func:`unknown_words`,
+:func:`warn_unknown_words`).
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ParadiffError
-from .vocabulary import EXAMPLE_PROMPTS, unknown_words, warn_unknown_words
+from .clips import FRAMES
+from .vocabulary import EXAMPLE_PROMPTS, VIDEO_EXAMPLE_PROMPTS, unknown_words, warn_unknown_words
 
 __all__ = [
     "DEFAULT_SIZE",
     "EXAMPLE_PROMPTS",
+    "FRAMES",
     "GUIDANCE_SCALE",
     "PIPELINES",
+    "VIDEO_EXAMPLE_PROMPTS",
     "WEIGHTS",
     "call_kwargs",
     "pipeline_folder",
@@ -27,17 +32,19 @@ __all__ = [
 ]
 
 WEIGHTS = Path(__file__).with_name("paradiff-tiny")
-PIPELINES = ("sd", "pixart")
+PIPELINES = ("sd", "pixart", "video")
 #: The classifier-free guidance each pipeline is meant to run at. The pipelines' own defaults (7.5 for
 #: SD, 4.5 for PixArt) push this small model's colours into their neighbours (orange into yellow, purple
 #: into blue); these values were picked on prompts other than the tests' (see README).
-GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0}
+GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0, "video": 2.0}
 #: The picture size (px) each pipeline is drawn at by default. The U-Net was trained at 128 px and tells
 #: places apart only there (its 4x4 bottleneck's zero padding marks the 3x3 grid; at 256 px and up it
 #: repeats shapes along the borders). The DiT, trained at 256 px, places shapes as well at 512 px
 #: (with :func:`call_kwargs`), where one image is enough work for 2 CPU ranks to beat one
 #: (``benchmarks/builtin_default_bench.py``).
-DEFAULT_SIZE = {"sd": 128, "pixart": 512}
+#: The video model draws at its training size, 256 px, :data:`FRAMES` frames (its temporal position table
+#: has that many rows).
+DEFAULT_SIZE = {"sd": 128, "pixart": 512, "video": 256}
 
 
 def pipeline_folder(kind: str) -> Path:
@@ -48,7 +55,7 @@ def pipeline_folder(kind: str) -> Path:
     if not (folder / "model_index.json").is_file():
         raise ParadiffError(
             f"the built-in weights are missing from {folder}; reinstall paradiff or rebuild them with "
-            "`python -m paradiff.builtin.train`"
+            f"`python -m paradiff.builtin.{'video_train' if kind == 'video' else 'train'}`"
         )
     return folder
 
@@ -58,14 +65,18 @@ def call_kwargs(kind: str, prompt: str, warn: bool = True) -> dict:
 
     The prompt at the built-in guidance (:data:`GUIDANCE_SCALE`); for PixArt also
     ``use_resolution_binning=False``, so it draws at the asked size (the pipeline's default draws at
-    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture). With
-    ``warn``, words the model does not know are warned about (:func:`warn_unknown_words`, rank 0 only).
+    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture); for the
+    video model ``clean_caption=False`` (Latte's default cleaning needs ``bs4`` and ``ftfy`` and would
+    only warn without them). With ``warn``, words the model does not know are warned about
+    (:func:`warn_unknown_words`, rank 0 only).
     """
     if kind not in PIPELINES:
         raise ParadiffError(f"unknown built-in pipeline {kind!r}; use one of {', '.join(PIPELINES)}")
     if warn:
-        warn_unknown_words(prompt, stacklevel=3)
+        warn_unknown_words(prompt, stacklevel=3, kind=kind)
     kwargs = {"prompt": prompt, "guidance_scale": GUIDANCE_SCALE[kind]}
     if kind == "pixart":
         kwargs["use_resolution_binning"] = False
+    if kind == "video":
+        kwargs["clean_caption"] = False
     return kwargs

@@ -11,6 +11,7 @@ from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
     DPMSolverMultistepScheduler,
+    LatteTransformer3DModel,
     PixArtTransformer2DModel,
     UNet2DConditionModel,
 )
@@ -44,15 +45,23 @@ NOISE_SCHEDULE = dict(
 )
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the caption vocabulary: lower-cased, anything but letters is a space."""
+def build_tokenizer(extra_words: tuple[str, ...] = (), phrases: dict[str, str] | None = None):
+    """A word-level tokenizer over the caption vocabulary: lower-cased, anything but letters is a space.
+
+    ``extra_words`` come after the pictures' words, which keep their ids (the video model's tokenizer adds
+    the clips' motion words to the text encoder it starts from). ``phrases`` maps a phrase to the one
+    token it is read as (one of ``extra_words``).
+    """
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordLevel
 
-    words = list(SPECIAL_TOKENS.values()) + VOCABULARY
+    words = list(SPECIAL_TOKENS.values()) + VOCABULARY + list(extra_words)
     vocab = {word: index for index, word in enumerate(words)}
     core = Tokenizer(WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
-    core.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z]+"), " ")])
+    joined = [normalizers.Replace(phrase, token) for phrase, token in (phrases or {}).items()]
+    core.normalizer = normalizers.Sequence(
+        [normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z]+"), " "), *joined]
+    )
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
     core.post_processor = processors.TemplateProcessing(
@@ -132,6 +141,35 @@ def build_dit() -> PixArtTransformer2DModel:
         caption_channels=TEXT_WIDTH,
         norm_type="ada_norm_single",
         use_additional_conditions=False,
+    )
+
+
+def build_video_dit(dit: PixArtTransformer2DModel, frames: int) -> LatteTransformer3DModel:
+    """Latte with ``dit``'s shape: its spatial blocks, embeddings and head are the DiT's, and as many temporal
+    blocks again, which attend across the ``frames`` frames at each position (the video model starts from the
+    trained DiT's weights, so it draws shapes and colours from the start and learns only how they move).
+
+    It has twice the DiT's output channels: ``LattePipeline`` keeps the first half of the output as the
+    prediction (the second half is the original Latte's learned variance, which this model does not use).
+    """
+    config = dit.config
+    return LatteTransformer3DModel(
+        num_attention_heads=config.num_attention_heads,
+        attention_head_dim=config.attention_head_dim,
+        in_channels=config.in_channels,
+        out_channels=2 * config.out_channels,
+        num_layers=config.num_layers,
+        cross_attention_dim=config.cross_attention_dim,
+        attention_bias=config.attention_bias,
+        sample_size=config.sample_size,
+        patch_size=config.patch_size,
+        activation_fn=config.activation_fn,
+        num_embeds_ada_norm=config.num_embeds_ada_norm,
+        norm_type=config.norm_type,
+        norm_elementwise_affine=config.norm_elementwise_affine,
+        norm_eps=config.norm_eps,
+        caption_channels=config.caption_channels,
+        video_length=frames,
     )
 
 

@@ -78,11 +78,11 @@ class Scene:
         for shape, (dx, dy) in zip(self.shapes, self.jitter, strict=True):
             cx, cy = PLACES[shape.place]
             centre = ((cx + dx) * big, (cy + dy) * big)
-            _draw_shape(pen, shape.kind, COLOURS[shape.colour], centre, SIZES[shape.size] * big)
+            draw_shape(pen, shape.kind, COLOURS[shape.colour], centre, SIZES[shape.size] * big)
         return np.asarray(image.resize((size, size), Image.Resampling.LANCZOS))
 
 
-def _draw_shape(pen: ImageDraw.ImageDraw, kind: str, colour, centre: tuple[float, float], diameter: float) -> None:
+def draw_shape(pen: ImageDraw.ImageDraw, kind: str, colour, centre: tuple[float, float], diameter: float) -> None:
     (cx, cy), r = centre, diameter / 2
     if kind == "circle":
         pen.ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour)

@@ -185,7 +185,9 @@ def denoiser_batches(latents, captions, tokenizer, seed: int) -> Iterator[tuple]
         yield noisy, target, timesteps, ids, mask
 
 
-def train_text_encoder(text_encoder, tokenizer, captions: list[str], steps: int, seed: int) -> None:
+def train_text_encoder(
+    text_encoder, tokenizer, captions: list[str], steps: int, seed: int, classes: dict[str, int] | None = None
+) -> None:
     """Teach the text encoder to say which words a caption holds, in the mean of its outputs; then freeze it.
 
     Cross-attention starts out spreading its weight evenly over the prompt's tokens, so at first a
@@ -196,12 +198,19 @@ def train_text_encoder(text_encoder, tokenizer, captions: list[str], steps: int,
     over the vocabulary) from both means the pipelines produce: over all padded positions without a
     mask, as the SD pipeline calls the encoder, and over the caption's tokens with the mask, as PixArt
     does. The head is then dropped.
+
+    ``classes`` (caption -> class) adds a second head that must read each caption's class from the same
+    means: the video model's direction of travel, which a bag of words cannot tell ("from left to right"
+    and "from right to left" hold the same words) but the causal text encoder can, from the order.
     """
     captions = sorted(set(captions))
     ids, mask = token_ids(tokenizer, captions)
     words = torch.zeros(len(captions), len(tokenizer)).scatter_(1, ids, 1.0)
     words[:, tokenizer.all_special_ids] = 0
-    head = torch.nn.Linear(text_encoder.config.hidden_size, len(tokenizer))
+    width = text_encoder.config.hidden_size
+    head = torch.nn.Linear(width, len(tokenizer))
+    labels = torch.tensor([(classes or {}).get(caption, 0) for caption in captions])
+    class_head = torch.nn.Linear(width, int(labels.max()) + 1)
     generator = torch.Generator().manual_seed(seed)
 
     def loss_at(step: int) -> torch.Tensor:
@@ -209,9 +218,13 @@ def train_text_encoder(text_encoder, tokenizer, captions: list[str], steps: int,
         unmasked = text_encoder(ids[index])[0].mean(1)
         weights = mask[index, :, None].float()
         masked = (text_encoder(ids[index], attention_mask=mask[index])[0] * weights).sum(1) / weights.sum(1)
-        return sum(F.binary_cross_entropy_with_logits(head(pooled), words[index]) for pooled in (unmasked, masked))
+        loss = sum(F.binary_cross_entropy_with_logits(head(pooled), words[index]) for pooled in (unmasked, masked))
+        if classes:
+            loss = loss + sum(F.cross_entropy(class_head(pooled), labels[index]) for pooled in (unmasked, masked))
+        return loss
 
-    optimise([*text_encoder.parameters(), *head.parameters()], steps, 3e-3, loss_at, "text encoder")
+    heads = [*head.parameters(), *(class_head.parameters() if classes else ())]
+    optimise([*text_encoder.parameters(), *heads], steps, 3e-3, loss_at, "text encoder")
     text_encoder.requires_grad_(False)
 
 

@@ -13,6 +13,7 @@ import sys
 import warnings
 
 from ..errors import ParadiffWarning
+from .clips import DIRECTIONS
 from .scenes import BACKGROUNDS, COLOURS, PLACES, SHAPES, SIZES, VOCABULARY
 
 #: The vocabulary by role, in the order the warning lists it (backgrounds go in "on a ... background").
@@ -34,6 +35,12 @@ EXAMPLE_PROMPTS = (
     "a large yellow square on the right on a gray background",
     "a large purple circle at the bottom on a white background",
     "a large blue circle at the top on a white background",
+)
+
+#: The README's video examples (a test keeps the README to these); the video model draws their colour, moving.
+VIDEO_EXAMPLE_PROMPTS = (
+    "a large red circle moving from left to right on a white background",
+    "a large blue square moving from top to bottom on a black background",
 )
 
 #: Common words outside the vocabulary, and what to say instead.
@@ -66,38 +73,52 @@ def prompt_words(prompt: str) -> list[str]:
     return re.findall("[a-z]+", prompt.lower())
 
 
-def unknown_words(prompt: str) -> list[str]:
-    """The words of ``prompt`` outside the built-in model's vocabulary, each once, in prompt order."""
+def unknown_words(prompt: str, kind: str = "sd") -> list[str]:
+    """The words of ``prompt`` outside the built-in ``kind`` model's vocabulary, each once, in prompt order.
+
+    The video model (``kind="video"``) knows the pictures' words, "moving", and the direction phrases
+    ("from left to right", ...) as wholes: "from" or "to" elsewhere is unknown to it.
+    """
     known = set(VOCABULARY)
+    if kind == "video":
+        known.add("moving")
+        prompt = " ".join(prompt_words(prompt))
+        for phrase in DIRECTIONS:
+            prompt = prompt.replace(phrase, " ")
     return list(dict.fromkeys(word for word in prompt_words(prompt) if word not in known))
 
 
-def unknown_words_message(words: list[str]) -> str:
+def unknown_words_message(words: list[str], kind: str = "sd") -> str:
     """The warning's text for ``words`` (unknown to the built-in model): what happens, what to say instead."""
     hints = [f"{word!r} -> {SUGGESTIONS[word]!r}" for word in words if word in SUGGESTIONS]
     roles = {role: ", ".join(names) for role, names in KNOWN_WORDS.items()}
     roles["backgrounds"] += f" (as in 'on a {KNOWN_WORDS['backgrounds'][0]} background')"
+    if kind == "video":
+        roles = {role: names for role, names in roles.items() if role != "places"}
+        roles["motions"] = ", ".join(f"moving {phrase}" for phrase in DIRECTIONS)
     known = "; ".join(f"{role} {names}" for role, names in roles.items())
     it, they = ("it", "it") if len(words) == 1 else ("each", "they")
+    picture, example = ("video", VIDEO_EXAMPLE_PROMPTS[0]) if kind == "video" else ("picture", EXAMPLE_PROMPTS[0])
+    joined = "" if kind == "video" else "; 'and' between two shapes"
     return (
         f"the built-in model does not know {', '.join(repr(word) for word in words)}: it reads {it} as an "
-        f"unknown token, and the picture may lose what {they} described"
+        f"unknown token, and the {picture} may lose what {they} described"
         + (f" (try {', '.join(hints)})" if hints else "")
-        + f". It knows only these words: {known}; 'and' between two shapes. "
-        f"For example {EXAMPLE_PROMPTS[0]!r}."
+        + f". It knows only these words: {known}{joined}. "
+        f"For example {example!r}."
     )
 
 
-def warn_unknown_words(prompt: str, stacklevel: int = 2) -> list[str]:
+def warn_unknown_words(prompt: str, stacklevel: int = 2, kind: str = "sd") -> list[str]:
     """Warn (:class:`~paradiff.errors.ParadiffWarning`) if ``prompt`` has words the built-in model does not know.
 
     Returns those words (empty: no warning). The warning names them, suggests a known word for common
     ones ("big" -> "large") and lists the vocabulary by role (shapes, sizes, colours, backgrounds,
-    places). Under a process group only rank 0 warns, so a job warns once.
+    places, or for the video model motions). Under a process group only rank 0 warns, so a job warns once.
     """
-    words = unknown_words(prompt)
+    words = unknown_words(prompt, kind)
     if words and _is_rank_zero():
-        warnings.warn(unknown_words_message(words), ParadiffWarning, stacklevel=stacklevel)
+        warnings.warn(unknown_words_message(words, kind), ParadiffWarning, stacklevel=stacklevel)
     return words
 
 

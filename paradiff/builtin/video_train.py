@@ -1,0 +1,201 @@
+"""Train ``paradiff-tiny-video`` on generated clips, on the CPU, starting from ``paradiff-tiny``'s trained parts.
+
+    python -m paradiff.builtin.video_train                 # ~45 min on 2 cores; writes paradiff-tiny/video
+    python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
+
+The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
+temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
+VAE. It starts from ``paradiff-tiny``'s DiT, VAE and text encoder, so it draws shapes and colours from
+the first step and only has to learn how they move. Stages, each seeded:
+
+1. the tokenizer gains the clips' motion words after the pictures' words ("moving", and one token for each
+   direction phrase, :data:`~paradiff.builtin.clips.DIRECTION_TOKENS`), and the text encoder one embedding
+   row for each; it is trained further on the pictures' and the clips'
+   captions to name their words and, for clips, their direction of travel (``train.train_text_encoder``),
+   then frozen;
+2. clips (:mod:`paradiff.builtin.clips`) are encoded frame by frame to latents, once; each is also
+   used played backwards, captioned with the opposite direction (exact: the VAE sees single frames);
+3. the Latte DiT (``components.build_video_dit``) takes the DiT's weights; its temporal blocks start as
+   the identity (their output projections zero) and it is trained predicting v, with the pictures'
+   noise schedule and 10% of captions dropped, as the DiT was.
+
+The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``).
+Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from diffusers import AutoencoderKL, DDPMScheduler, LattePipeline, PixArtTransformer2DModel
+from transformers import CLIPTextModel
+
+from . import WEIGHTS
+from .clips import DIRECTION_TOKENS, DIRECTIONS, FRAMES, MOTION_WORDS, Clip, make_clips
+from .components import NOISE_SCHEDULE, build_scheduler, build_tokenizer, build_video_dit
+from .scenes import make_scenes
+from .train import (
+    CAPTION_DROPOUT,
+    DATASET_SCENES,
+    _save_in_float16,
+    log,
+    optimise,
+    round_to_float16,
+    to_pixels,
+    token_ids,
+    train_text_encoder,
+)
+
+#: Clips drawn and encoded at ``--scale 1`` (twice as many are trained on, with their reversals).
+DATASET_CLIPS = 500
+TEXT_STEPS, VIDEO_STEPS, VIDEO_BATCH, VIDEO_LR = 300, 2200, 4, 5e-4
+
+
+def extend_text_encoder(text_encoder: CLIPTextModel, tokenizer) -> CLIPTextModel:
+    """``text_encoder`` with an embedding row for each word ``tokenizer`` adds, set to the mean of the others."""
+    known = text_encoder.get_input_embeddings().weight.shape[0]
+    text_encoder.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    with torch.no_grad():
+        table = text_encoder.get_input_embeddings().weight
+        table[known:] = table[:known].mean(0)
+    return text_encoder
+
+
+def direction_classes(captions: list[str]) -> dict[str, int]:
+    """Caption -> 1 + index of its direction of travel in ``DIRECTIONS`` (0: a picture's caption, no motion)."""
+    phrases = list(DIRECTIONS)
+    return {caption: next((1 + i for i, p in enumerate(phrases) if p in caption), 0) for caption in captions}
+
+
+@torch.no_grad()
+def encode_clips(vae: AutoencoderKL, clips: list[Clip]) -> torch.Tensor:
+    """Scaled latent means of ``clips``, ``(N, C, FRAMES, h, w)`` as Latte takes them, encoded frame by frame."""
+    latents = []
+    for index, clip in enumerate(clips):
+        means = vae.encode(to_pixels(clip.draw())).latent_dist.mean
+        latents.append(means.transpose(0, 1) * vae.config.scaling_factor)
+        if index % 50 == 0:
+            log(f"encoded {index + 1}/{len(clips)} clips")
+    return torch.stack(latents)
+
+
+def video_batches(latents: torch.Tensor, clips: list[Clip], tokenizer, seed: int) -> Iterator[tuple]:
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, masks); an odd index is a clip reversed."""
+    captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
+    generator = torch.Generator().manual_seed(seed)
+    noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
+    while True:
+        index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
+        drop = torch.rand(VIDEO_BATCH, generator=generator) < CAPTION_DROPOUT
+        clean = torch.stack([latents[i // 2].flip(1) if i % 2 else latents[i // 2] for i in index.tolist()])
+        noise = torch.randn(clean.shape, generator=generator)
+        timesteps = torch.randint(NOISE_SCHEDULE["num_train_timesteps"], (VIDEO_BATCH,), generator=generator)
+        noisy = noise_schedule.add_noise(clean, noise, timesteps)
+        target = noise_schedule.get_velocity(clean, noise, timesteps)
+        kept = zip(index.tolist(), drop.tolist(), strict=True)
+        ids, mask = token_ids(tokenizer, ["" if dropped else captions[i] for i, dropped in kept])
+        yield noisy, target, timesteps, ids, mask
+
+
+def train_video_dit(dit, text_encoder, batches, steps: int) -> None:
+    """Latte as its pipeline calls it: the prompt's tokens up to the longest in the batch, no attention mask."""
+
+    def loss_at(step: int) -> torch.Tensor:
+        noisy, target, timesteps, ids, mask = next(batches)
+        length = int(mask.sum(1).max())
+        with torch.no_grad():
+            text = text_encoder(ids[:, :length], attention_mask=mask[:, :length])[0]
+        prediction = dit(noisy, timestep=timesteps, encoder_hidden_states=text).sample
+        return F.mse_loss(prediction.chunk(2, dim=1)[0], target)
+
+    optimise(dit.parameters(), steps, VIDEO_LR, loss_at, "video dit")
+
+
+def video_dit_from(dit: PixArtTransformer2DModel):
+    """The Latte DiT holding ``dit``'s weights, its temporal blocks the identity until trained.
+
+    Its output head has twice the channels (``build_video_dit``): both halves start as the DiT's head,
+    laid out as Latte un-patchifies (per patch pixel, the channels in order).
+    """
+    video_dit = build_video_dit(dit, FRAMES)
+    weights = dit.state_dict()
+    head = {name: weights.pop(f"proj_out.{name}") for name in ("weight", "bias")}
+    video_dit.load_state_dict(weights, strict=False)
+    patch, channels = dit.config.patch_size, dit.config.out_channels
+    with torch.no_grad():
+        for name, tensor in head.items():
+            per_pixel = tensor.reshape(patch * patch, channels, *tensor.shape[1:])
+            getattr(video_dit.proj_out, name).copy_(torch.cat([per_pixel, per_pixel], 1).flatten(0, 1))
+        for block in video_dit.temporal_transformer_blocks:
+            for layer in (block.attn1.to_out[0], block.ff.net[2]):
+                layer.weight.zero_()
+                layer.bias.zero_()
+    return video_dit
+
+
+def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit) -> None:
+    """``video/`` links the pictures' VAE (``../sd/vae`` beside it, else ``pictures``' own) instead of a copy."""
+    folder = out / "video"
+    if folder.exists():
+        shutil.rmtree(folder)
+    pipe = LattePipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=dit, scheduler=build_scheduler("pixart")
+    )
+    _save_in_float16(pipe, folder)
+    shutil.rmtree(folder / "vae")
+    beside = Path("..") / "sd" / "vae"
+    target = beside if (folder / beside).is_dir() else (pictures / "sd" / "vae").resolve()
+    (folder / "vae").symlink_to(target, target_is_directory=True)
+
+
+def train(out: Path, scale: float, seed: int, pictures: Path) -> None:
+    """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder)."""
+
+    def scaled(steps: int) -> int:
+        return max(2, round(steps * scale))
+
+    vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
+    dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
+    text_encoder = extend_text_encoder(CLIPTextModel.from_pretrained(pictures / "sd" / "text_encoder"), tokenizer)
+
+    clips = make_clips(max(8, round(DATASET_CLIPS * scale)), seed)
+    clip_captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
+    scenes = make_scenes(max(32, round(DATASET_SCENES * scale)), seed + 2)
+    captions = clip_captions + [scene.caption for scene in scenes]
+    torch.manual_seed(seed + 1)
+    train_text_encoder(
+        text_encoder, tokenizer, captions, scaled(TEXT_STEPS), seed + 1, classes=direction_classes(captions)
+    )
+    round_to_float16(text_encoder)
+    text_encoder.eval()
+
+    latents = encode_clips(vae, clips)
+    torch.manual_seed(seed + 2)
+    video_dit = video_dit_from(dit)
+    train_video_dit(video_dit, text_encoder, video_batches(latents, clips, tokenizer, seed + 3), scaled(VIDEO_STEPS))
+    save_video(out, pictures, tokenizer, text_encoder, vae, video_dit)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=WEIGHTS, help="where video/ is written (next to sd/)")
+    parser.add_argument("--pictures", type=Path, default=WEIGHTS, help="the paradiff-tiny folder to start from")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    train(args.out, args.scale, args.seed, args.pictures)
+    log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

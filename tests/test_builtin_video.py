@@ -1,0 +1,123 @@
+"""``paradiff-tiny-video``: its clips, its training script, its shipped weights, and that it follows prompts."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import LattePipeline
+from scene_analysis import MIN_TRAVEL, motion_misses, travel_of
+
+from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
+from paradiff.builtin.clips import DIRECTIONS, TEST_MOTIONS, TEST_PROMPTS, make_clips
+from paradiff.builtin.scenes import COLOURS
+from paradiff.builtin.video_train import DATASET_CLIPS, direction_classes, train
+from paradiff.builtin.vocabulary import unknown_words, warn_unknown_words
+from paradiff.errors import ParadiffWarning
+from paradiff.loading import load_pipeline
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def draw(pipe, prompt: str, seed: int, steps: int = 20, size: int = DEFAULT_SIZE["video"]) -> np.ndarray:
+    """One clip ``(F, H, W, 3)`` in [0, 1], as ``paradiff generate`` asks the built-in video model for it."""
+    generator = torch.Generator().manual_seed(seed)
+    kwargs = call_kwargs("video", prompt, warn=False)
+    result = pipe(**kwargs, num_inference_steps=steps, height=size, width=size, output_type="np", generator=generator)
+    return np.asarray(result.frames[0])
+
+
+def test_clips_are_reproducible_and_captions_use_the_vocabulary():
+    first, second = make_clips(40, seed=3), make_clips(40, seed=3)
+    assert first == second and first != make_clips(40, seed=4)
+    for clip in first:
+        assert not unknown_words(clip.caption, kind="video"), clip.caption
+        assert sum(phrase in clip.caption for phrase in DIRECTIONS) == 1, clip.caption
+        assert clip.reversed().reversed() == clip and clip.reversed().caption != clip.caption
+
+
+def test_the_test_prompts_are_held_out_of_training():
+    """Every colour in every direction, and no training clip (nor its reversal) shows any of them."""
+    assert len(set(TEST_PROMPTS)) == 24
+    assert {(m.colour, m.direction) for m in TEST_MOTIONS} == {(c, d) for c in COLOURS for d in DIRECTIONS}
+    for clip in make_clips(DATASET_CLIPS, seed=0):
+        assert clip.motion not in TEST_MOTIONS and clip.motion.reversed() not in TEST_MOTIONS, clip.caption
+
+
+def test_the_analysis_reads_drawn_clips_correctly():
+    for clip in make_clips(12, seed=5):
+        frames = clip.draw(128)
+        assert frames.shape == (FRAMES, 128, 128, 3)
+        assert motion_misses(frames, clip.motion.caption()) == [], clip.caption
+        assert motion_misses(frames[::-1], clip.motion.caption()), "played backwards, it moves the other way"
+        still = np.repeat(frames[:1], FRAMES, axis=0)
+        assert motion_misses(still, clip.motion.caption()), "a shape that does not move does not follow"
+
+
+def test_directions_are_classes_of_the_text_encoder_and_pictures_have_none():
+    classes = direction_classes(["a red circle moving from right to left", "a red circle at the top"])
+    assert classes == {"a red circle moving from right to left": 2, "a red circle at the top": 0}
+
+
+def test_unknown_words_for_the_video_model_include_no_motion_word():
+    prompt = VIDEO_EXAMPLE_PROMPTS[0]
+    assert unknown_words(prompt, kind="video") == []
+    assert unknown_words(prompt) == ["moving", "from", "to"], "the picture models do not know them"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert warn_unknown_words("a big red circle moving from left to right", kind="video") == ["big"]
+    assert unknown_words("a red circle moving to the left", kind="video") == ["to"], "phrases are wholes"
+    (message,) = [str(w.message) for w in caught if w.category is ParadiffWarning]
+    assert "moving from top to bottom" in message and VIDEO_EXAMPLE_PROMPTS[0] in message and "'large'" in message
+    assert call_kwargs("video", prompt, warn=False) == {"prompt": prompt, "guidance_scale": 2.0, "clean_caption": False}
+
+
+@pytest.mark.timeout(300)
+def test_video_training_writes_a_pipeline_that_loads_and_draws(tmp_path):
+    train(tmp_path, scale=0.003, seed=0, pictures=WEIGHTS)
+    pipe = LattePipeline.from_pretrained(tmp_path / "video")
+    pipe.set_progress_bar_config(disable=True)
+    read = [pipe.tokenizer(f"moving {phrase}").input_ids[1:-1] for phrase in DIRECTIONS]
+    assert all(len(ids) == 2 and pipe.tokenizer.unk_token_id not in ids for ids in read), "one token per direction"
+    assert len({ids[1] for ids in read}) == len(DIRECTIONS)
+    assert (tmp_path / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is linked"
+    frames = draw(pipe, TEST_PROMPTS[0], seed=0, steps=2, size=64)
+    assert frames.shape == (FRAMES, 64, 64, 3) and np.isfinite(frames).all()
+
+
+def test_shipped_video_model_is_small_and_loads_offline():
+    folder = pipeline_folder("video")
+    files = [path for part in (folder, folder / "vae") for path in part.resolve().rglob("*") if path.is_file()]
+    assert sum(path.stat().st_size for path in files) <= 25 * 2**20
+    pipe = load_pipeline("paradiff-tiny-video")
+    assert isinstance(pipe, LattePipeline) and pipe.transformer.config.video_length == FRAMES
+
+
+@pytest.fixture(scope="module")
+def video_pipe():
+    pipe = load_pipeline("paradiff-tiny-video")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.mark.timeout(400)
+def test_video_model_draws_held_out_prompts_in_colour_and_motion(video_pipe):
+    """Each of the 24 held-out prompts at the default size, 20 steps, seed 0: the asked colour is found and
+    moves along the asked line (either way: the model does not yet tell the two directions on a line apart,
+    see README), and how many move the asked way is printed."""
+    travels = {prompt: travel_of(draw(video_pipe, prompt, seed=0), prompt) for prompt in TEST_PROMPTS}
+    found = [travel for travel in travels.values() if travel is not None]
+    along = [travel for travel in found if abs(travel) >= MIN_TRAVEL]
+    asked_way = [travel for travel in along if travel > 0]
+    print(f"colour found {len(found)}, moving along the line {len(along)}, the asked way {len(asked_way)} of 24")
+    assert len(found) >= 0.8 * len(TEST_PROMPTS) and len(along) >= 0.6 * len(TEST_PROMPTS), travels
+
+
+def test_readme_video_examples_are_the_checked_ones():
+    quoted = dict.fromkeys(re.findall(r'"([a-z][a-z ]+ moving [a-z ]+)"', README.read_text()))
+    assert quoted, "README.md shows no video prompt"
+    assert set(quoted) <= set(VIDEO_EXAMPLE_PROMPTS), set(quoted) - set(VIDEO_EXAMPLE_PROMPTS)
