@@ -115,3 +115,24 @@ def test_the_failure_names_who_from_the_heartbeats(monkeypatch, silent, transpor
     failure = failures.peer_failure(error, "the all-gather at step 3", [1, 2], timedelta(seconds=4))
     assert expected in str(failure), str(failure)
     assert isinstance(failure, RuntimeError) and isinstance(failure, paradiff.ParadiffError)
+
+
+HEARTBEAT_AT_EXIT = """
+import atexit, sys
+import torch.distributed as dist
+from paradiff.runtime import liveness
+
+atexit.register(lambda: print("beating at exit:", liveness._current.thread.is_alive()))  # runs last
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+liveness.start_heartbeat()
+print("beating:", liveness._current.thread.is_alive())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_heartbeat_stops_before_the_interpreter_exits(tmp_path):
+    """A heartbeat still inside the store's C++ call while torch is torn down can abort the process."""
+    command = [sys.executable, "-c", HEARTBEAT_AT_EXIT, str(tmp_path / "store")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["beating: True", "beating at exit: False"], done.stdout

@@ -8,10 +8,13 @@ shares, hosted by torchrun's agent or rank 0) every :data:`BEAT_S` seconds. When
 not move is dead or frozen (a stopped process's threads stop too); one whose counter moved is alive,
 merely elsewhere in its program. The thread calls torch's store, which releases the GIL, and costs a
 store round trip per beat (a file store, as ``paradiff generate`` uses, grows by about 40 bytes a beat).
+It is stopped at interpreter exit: a thread still inside the store's C++ call while the interpreter tears
+torch down can abort the process ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -36,16 +39,22 @@ class _Heartbeat:
 
     def __init__(self, store: dist.Store, rank: int):
         self.store, self.rank = store, rank
+        self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._beat, name="paradiff-heartbeat", daemon=True)
         self.thread.start()
 
     def _beat(self) -> None:
-        while True:
+        while not self.stopped.is_set():
             try:
                 self.store.add(_key(self.rank), 1)
             except Exception:  # the store is gone with its process group: nothing left to report to
                 return
-            time.sleep(BEAT_S)
+            self.stopped.wait(BEAT_S)
+
+    def stop(self) -> None:
+        """End the thread, waiting at most one store read for the beat in flight."""
+        self.stopped.set()
+        self.thread.join(STORE_READ_S)
 
 
 _current: _Heartbeat | None = None
@@ -56,7 +65,16 @@ def start_heartbeat() -> None:
     global _current
     store = dist.distributed_c10d._get_default_store()
     if _current is None or _current.store is not store or not _current.thread.is_alive():
+        if _current is None:
+            atexit.register(_stop_at_exit)
+        else:
+            _current.stop()
         _current = _Heartbeat(store, dist.get_rank())
+
+
+def _stop_at_exit() -> None:
+    if _current is not None:
+        _current.stop()
 
 
 def _within(read: Callable[[], list[int]], seconds: float) -> list[int] | None:
