@@ -186,6 +186,13 @@ def test_more_ranks_than_blocks_is_refused(monkeypatch):
     assert not dist.is_initialized()
 
 
+def test_a_model_that_patches_frames_together_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ParadiffError, match=r"this SkyReelsV2Transformer3DModel patches 2 frames into one token"):
+        paradiff.parallelize(build_df_pipeline(2, patch_size=(2, 2, 2)), strategy="dualparal")
+    assert not dist.is_initialized()
+
+
 def test_options_are_validated():
     with pytest.raises(ParadiffError, match="dualparal_context must be None or a number of latent frames >= 1"):
         ParallelConfig("dualparal", dualparal_context=0)

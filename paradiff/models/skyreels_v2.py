@@ -59,6 +59,11 @@ class SkyReelsV2Family(DenoiserFamily):
         return model.config.num_frame_per_block * model.config.patch_size[0]
 
     @staticmethod
+    def frames_per_token(model: nn.Module) -> int:
+        """Latent frames the patch embedding folds into one token (1: every token belongs to one frame)."""
+        return model.config.patch_size[0]
+
+    @staticmethod
     def tokens_per_frame(model: nn.Module, latent: torch.Tensor) -> int:
         """Image tokens per latent frame (rows × columns of patches)."""
         _, p_h, p_w = model.config.patch_size

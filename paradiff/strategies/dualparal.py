@@ -137,10 +137,11 @@ class DualParalStrategy(Strategy):
                 f"block, but this {name} has {count}; run it on at most {count} ranks (per CFG half with "
                 "cfg_parallel)"
             )
-        if denoiser.config.patch_size[0] != 1:
+        frames_per_token = family.frames_per_token(denoiser)
+        if frames_per_token != 1:
             raise ParadiffError(
                 f"strategy='dualparal' cuts the latent frames into blocks, but this {name} patches "
-                f"{denoiser.config.patch_size[0]} frames into one token; use strategy='parastep' or 'cfg'"
+                f"{frames_per_token} frames into one token; use strategy='parastep' or 'cfg'"
             )
 
     def install(
