@@ -24,6 +24,8 @@ from .cli_output import quiet_output, summary_lines, times_sign
 from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, ranks_to_use, run_on_ranks, under_torchrun
 from .loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model, default_size, default_strategy
+from .plan.architectures import architecture_names
+from .plan.hardware import hardware_names
 from .strategies import strategy_names
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
@@ -57,7 +59,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     at_least = {"nproc": 1, "steps": 1, "frames": 1, "warmup": 0, "threads": 0}
     for option, low in at_least.items():
         value = getattr(args, option, None)
-        if value is not None and value < low:
+        if isinstance(value, int) and value < low:  # bench and plan take --warmup as a list
             raise ParadiffError(f"--{option} must be at least {low}, got {value}")
     if args.size is not None and (args.size < 8 or args.size % 8):
         raise ParadiffError(f"--size must be a positive multiple of 8, got {args.size}")
@@ -136,6 +138,51 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(args: argparse.Namespace) -> int:
+    """Predict every strategy on the model (traced, and timed here without --hardware); print a table or JSON."""
+    import json
+
+    from .bench.job import comma_list, warmup_setting
+    from .plan.job import PlanJob
+
+    _check_numbers(args)
+    job = PlanJob(
+        model=args.model,
+        nproc=ranks_to_use(args.nproc),
+        steps=args.steps,
+        size=args.size or default_size(args.model),
+        frames=args.frames,
+        strategies=None if args.strategies is None else comma_list(args.strategies, "--strategies"),
+        warmups=tuple(warmup_setting(item) for item in comma_list(args.warmup, "--warmup")),
+        hardware=args.hardware,
+        device=args.device,
+        dtype=args.dtype,
+        threads=_threads_per_rank(args),
+        allow_pickle=args.allow_pickle,
+    )
+    if job.nproc < 2:
+        raise ParadiffError("a plan compares N ranks with one device; use --nproc 2 or more")
+    with quiet_output(args.verbose, libraries=False):
+        result = _make_plan(job, args.verbose)
+    if result is not None:
+        from .plan.report import plan_json, plan_lines
+
+        print(json.dumps(plan_json(result), indent=2) if args.json else "\n".join(plan_lines(result)), flush=True)
+    return 0
+
+
+def _make_plan(job, verbose: bool):
+    from .plan.architectures import architecture_names
+    from .plan.job import plan_architecture
+    from .plan.on_ranks import plan_on_rank
+
+    if job.model in architecture_names():
+        return plan_architecture(job)
+    check_model(job.model)
+    with quiet_output(verbose, libraries=_in_process(job.nproc)):
+        return run_on_ranks(plan_on_rank, job.nproc, job, device=job.device, verbose=verbose)
+
+
 # --- the parser ---------------------------------------------------------------------------------------
 
 
@@ -165,8 +212,9 @@ def _version() -> str:
     return f"paradiff {__version__} ({', '.join(versions)})"
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(MODEL_NAMES)}, a folder or a hub id")
+def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) -> None:
+    names = (*MODEL_NAMES, *architecture_names()) if architectures else MODEL_NAMES
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(names)}, a folder or a hub id")
     parser.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
     parser.add_argument("--steps", type=int, default=20, help="inference steps")
     parser.add_argument(
@@ -248,6 +296,24 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--prompts", type=int, default=4, help="number of prompts (prompt i uses seed + i)")
     ben.add_argument("--out", default="paradiff-bench", help="folder for results.json, report.md/html and images")
     ben.set_defaults(func=bench)
+    pla = commands.add_parser(
+        "plan",
+        help="predict each strategy's speedup on a model, size and machine before running it",
+        description="Predict, per strategy and warm-up, the time per step, the speedup over one device, the bytes "
+        "moved and the memory per rank. The model is traced from its own call and, without --hardware, timed "
+        "on this machine's ranks (seconds); an architecture name (e.g. sdxl, flux-dev) needs --hardware.",
+        formatter_class=_HelpFormatter,
+    )
+    _add_common(pla, architectures=True)
+    pla.add_argument("--frames", type=int, help="frames, for video models (default: the model's own)")
+    pla.add_argument("--strategies", help="comma list of strategies to predict (default: every one that runs)")
+    pla.add_argument("--warmup", default="4", help="comma list of warm-up settings")
+    pla.add_argument("--hardware", choices=hardware_names(), help="a GPU server's published figures instead of timing")
+    pla.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="where the ranks time the model")
+    pla.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="weights and activations")
+    pla.add_argument("--json", action="store_true", help="print the predictions as a JSON list")
+    pla.add_argument(ALLOW_PICKLE_FLAG, action="store_true", help="also load pickled weights (.bin, .pt)")
+    pla.set_defaults(func=plan)
     return parser
 
 

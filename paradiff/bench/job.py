@@ -76,8 +76,8 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ParadiffError(f"--{option} must be at least 1, got {value}")
-    strategies = _comma_list(args.strategies, "--strategies")
-    warmups = tuple(_warmup(item) for item in _comma_list(args.warmup, "--warmup"))
+    strategies = comma_list(args.strategies, "--strategies")
+    warmups = tuple(warmup_setting(item) for item in comma_list(args.warmup, "--warmup"))
     for strategy in strategies:
         ParallelConfig(strategy=strategy)  # raises "unknown strategy 'x'; available: ..."
     check_model(args.model)
@@ -96,7 +96,7 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
     )
 
 
-def _comma_list(text: str, option: str) -> tuple[str, ...]:
+def comma_list(text: str, option: str) -> tuple[str, ...]:
     """The items of a comma-separated option, each once, in order."""
     items = [item.strip() for item in text.split(",")]
     if not all(items):
@@ -104,7 +104,7 @@ def _comma_list(text: str, option: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def _warmup(item: str) -> int:
+def warmup_setting(item: str) -> int:
     if not (item.isascii() and item.isdigit()):
         raise ParadiffError(f"--warmup takes integers >= 0 (synchronous steps after the first), got {item!r}")
     return int(item)

@@ -1,0 +1,85 @@
+"""The cost model against published multi-GPU speedups it was not fitted to (no GPU needed).
+
+    python benchmarks/plan_published.py
+
+Each case is a published measurement of a parallel system on a GPU server: the model (its public config,
+traced on the meta device), the size, the steps, the strategy as that system ran it, and the speedup over
+one GPU. The prediction is :func:`paradiff.plan.costs.predict` with the server's hardware profile. Prints
+a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from paradiff.plan.architectures import architecture
+from paradiff.plan.costs import predict
+from paradiff.plan.hardware import hardware_profile
+from paradiff.plan.workload import meta_model, trace
+
+DISTRIFUSION = "DistriFusion (CVPR 2024), SDXL, 50-step DDIM, A100 NVLink: README and paper figure"
+XDIT_HUNYUAN = "xDiT docs/performance/hunyuanvideo.md, HunyuanVideo 960×960, 129 frames, 50 steps, H100, Ulysses"
+#: (source, architecture, size, frames, steps, hardware, strategy, ranks, cfg_parallel, published speedup)
+CASES = [
+    *[
+        (DISTRIFUSION, "sdxl", size, None, 50, "a100-nvlink", strategy, n, n > 2, published)
+        for size, speedups in ((1024, (1.5, 2.2, 2.8)), (3840, (1.8, 3.4, 6.1)))
+        for (n, strategy), published in zip(((2, "cfg"), (4, "patch"), (8, "patch")), speedups, strict=True)
+    ],
+    *[
+        (XDIT_HUNYUAN, "hunyuanvideo", 960, 129, 50, "h100-nvlink", "ulysses", n, False, 1735.01 / seconds)
+        for n, seconds in ((2, 934.09), (3, 645.45), (6, 367.02))
+    ],
+]
+
+
+def run() -> list[dict]:
+    workloads, rows = {}, []
+    for source, name, size, frames, steps, hardware, strategy, n, cfg_parallel, published in CASES:
+        if (name, size, frames) not in workloads:
+            arch = architecture(name)
+            dims = arch.dims(size, frames)
+            model = meta_model(arch.model_class(), arch.spec["config"], arch.dtype)
+            workloads[name, size, frames] = trace(
+                model, (), arch.inputs(dims), arch.token_rows(dims), arch.calls_per_step
+            )
+        workload = workloads[name, size, frames]
+        dtype = architecture(name).spec["dtype"]
+        prediction = predict(workload, hardware_profile(hardware), dtype, strategy, n, steps, 4, cfg_parallel)
+        rows.append(
+            {
+                "source": source,
+                "model": name,
+                "size": size,
+                "frames": frames,
+                "hardware": hardware,
+                "setting": f"{strategy}{' + cfg_parallel' if prediction.cfg_parallel else ''} on {n}",
+                "published_speedup": round(published, 2),
+                "predicted_speedup": round(prediction.predicted_speedup, 2),
+                "error": prediction.predicted_speedup / published - 1,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/out/plan_published.json")
+    args = parser.parse_args()
+    rows = run()
+    print(
+        f"{'model':13s} {'size':>5s} {'hardware':12s} {'setting':26s} {'published':>9s} {'predicted':>9s} {'error':>6s}"
+    )
+    for r in rows:
+        print(
+            f"{r['model']:13s} {r['size']:5d} {r['hardware']:12s} {r['setting']:26s} {r['published_speedup']:8.2f}× "
+            f"{r['predicted_speedup']:8.2f}× {r['error']:+6.0%}"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

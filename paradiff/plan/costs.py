@@ -1,0 +1,248 @@
+"""Each strategy's time per step, bytes per step and memory per rank, from a workload and a machine.
+
+A step's compute is ``FLOPs / rate`` (times the slowdown of every rank computing at once) plus a fixed
+overhead per denoiser call. A transfer is ``bytes / bandwidth`` plus a latency per collective. Warm-up
+steps (the first and ``warmup_steps`` more) wait for their transfers; displaced steps overlap them with
+compute as far as the machine allows (:attr:`Hardware.overlap`). What each strategy computes and sends:
+
+* ``patch``: 1/N of every layer's tokens; the keys and values of every image attention layer gathered
+  from the other bands ((N−1)/N of them), a halo row above and below each 3×3 convolution, a
+  statistics exchange per GroupNorm, and the bands of the prediction gathered.
+* ``ulysses`` / ``ring``: the same compute, exact every step, nothing overlapped: Ulysses's four
+  all-to-alls per attention layer move 2·(N−1)/N² of its keys and values; the ring passes 1/N of them
+  N−1 times; the prediction's bands are gathered.
+* ``pipefusion``: 1/N of the blocks over M patches in M + N − 1 slots (the pipeline fills and drains
+  every call); embeddings and head on every rank; each stage passes its patch's hidden states on.
+* ``parastep``: warm-up steps on every rank alike; then rounds of N steps, one call per rank, and the
+  predictions gathered.
+* ``asyncdiff``: warm-up steps whole on every rank; then each rank runs one component (the contiguous cut
+  of the units into N of about equal FLOPs). Every step, warm-up too, each component sends the hidden
+  states that cross its border, and the last component's prediction is broadcast.
+* the CFG split: each group computes half the batch; the halves' predictions are gathered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import Hardware
+from .workload import Workload
+
+#: Strategies :func:`predict` models.
+MODELLED = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses", "ring")
+#: Strategies whose result equals one device's whatever the warm-up.
+EXACT = ("cfg", "ulysses", "ring")
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The parts of a pipeline call outside the denoising loop, on one device (seconds)."""
+
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    #: Whether the VAE decode is banded over the ranks (else one rank decodes).
+    decode_banded: bool = True
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    warmup_steps: int
+    nproc: int
+    cfg_parallel: bool
+    predicted_step_s: float
+    predicted_total_s: float
+    predicted_speedup: float
+    bytes_per_step: float
+    memory_mb: float
+    exact: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy}{' + cfg_parallel' if self.cfg_parallel else ''}"
+
+
+@dataclass(frozen=True)
+class _Step:
+    sync_s: float
+    displaced_s: float
+    sync_bytes: float
+    displaced_bytes: float
+    memory_bytes: float
+
+
+class _Machine:
+    """Compute and transfer times of one workload on one machine."""
+
+    def __init__(self, workload: Workload, hardware: Hardware, dtype: str):
+        self.w, self.hw, self.rate = workload, hardware, hardware.rate(dtype)
+
+    def compute(self, flops: float, calls: float = 1.0, shared: bool = True) -> float:
+        """Seconds of ``flops`` spread over ``calls`` denoiser calls' worth of operations (1: every layer once)."""
+        slowdown = self.hw.shared_slowdown if shared else 1.0
+        per_call = self.hw.call_overhead_s + self.w.kernels * self.hw.launch_s
+        return flops / self.rate * slowdown + calls * per_call
+
+    def transfer(self, nbytes: float, exchanges: float) -> float:
+        return nbytes / self.hw.link_bytes_per_s + exchanges * self.hw.link_latency_s
+
+    def displaced(self, compute_s: float, transfer_s: float) -> float:
+        return max(compute_s + (1 - self.hw.overlap) * transfer_s, transfer_s)
+
+    @property
+    def weights(self) -> float:
+        return self.w.params * self.w.itemsize
+
+
+def one_device_step(workload: Workload, hardware: Hardware, dtype: str) -> float:
+    return _Machine(workload, hardware, dtype).compute(workload.flops, shared=False)
+
+
+def _patch(m: _Machine, groups: int, n: int) -> _Step:
+    w = m.w
+    compute = m.compute(w.flops / groups / n)
+    nbytes = (w.kv_bytes + 2 * w.halo_row_bytes + w.latent_bytes) / groups * (n - 1) / n
+    transfer = m.transfer(nbytes, w.attention_layers + w.convolutions + w.group_norms + 1)
+    return _Step(compute + transfer, m.displaced(compute, transfer), nbytes, nbytes, m.weights + w.kv_bytes / groups)
+
+
+def _sequence(m: _Machine, groups: int, n: int, ring: bool) -> _Step:
+    w = m.w
+    compute = m.compute(w.flops / groups / n)
+    kv = w.kv_bytes / groups
+    nbytes = kv * (n - 1) / n if ring else 2 * kv * (n - 1) / n**2
+    nbytes += w.latent_bytes / groups * (n - 1) / n  # the bands of the prediction, gathered
+    exchanges = w.attention_layers * ((n - 1) if ring else 4) + 1
+    step = compute + m.transfer(nbytes, exchanges)
+    return _Step(step, step, nbytes, nbytes, m.weights)
+
+
+def balanced_cut(costs: tuple[float, ...], parts: int) -> list[float]:
+    """The costs of ``parts`` contiguous groups of ``costs`` whose largest is smallest (greedy on the running sum)."""
+    total, groups, current = sum(costs), [], 0.0
+    for index, cost in enumerate(costs):
+        target = total * (len(groups) + 1) / parts
+        remaining_units, remaining_parts = len(costs) - index, parts - len(groups)
+        if current and (current + cost / 2 > target or remaining_units < remaining_parts):
+            groups.append(current)
+            current = 0.0
+        current += cost
+    groups.append(current)
+    return groups + [0.0] * (parts - len(groups))
+
+
+def _cut_indices(costs: tuple[float, ...], parts: int) -> list[int]:
+    """Index of the last unit of each group of :func:`balanced_cut` but the last."""
+    sums, running, ends = balanced_cut(costs, parts), 0.0, []
+    for index, cost in enumerate(costs):
+        running += cost
+        if len(ends) < parts - 1 and abs(running - sum(sums[: len(ends) + 1])) < 1e-6 * max(running, 1):
+            ends.append(index)
+    return ends
+
+
+def crossing_bytes(w: Workload, last: int) -> float:
+    """Bytes of the unit outputs up to unit ``last`` that a later unit reads (the next one, or U-Net skips)."""
+    return sum(w.unit_output_bytes[i] for i in range(last + 1) if w.unit_last_reader[i] > last)
+
+
+def _asyncdiff(m: _Machine, groups: int, n: int) -> _Step:
+    w = m.w
+    outside = (w.flops - w.stack_flops) / groups
+    components = balanced_cut(tuple(f / groups for f in w.unit_flops), n)
+    components[0] += outside
+    compute = m.compute(max(components))
+    sent = [crossing_bytes(w, last) / groups for last in _cut_indices(w.unit_flops, n)]
+    sent.append(w.latent_bytes / groups * (n - 1))  # the last component's prediction, to every rank
+    nbytes = max(sent)
+    transfer = m.transfer(sum(sent) / n, 2)
+    whole = m.compute(w.flops / groups)
+    return _Step(whole, m.displaced(compute, transfer), nbytes, nbytes, m.weights)
+
+
+def default_patches(token_rows: int, stages: int) -> int:
+    """``pipefusion``'s default patch count: the divisor of the token rows nearest twice the stages."""
+    divisors = [d for d in range(stages, token_rows + 1) if token_rows % d == 0] or [token_rows]
+    return min(divisors, key=lambda d: (abs(d - 2 * stages), d))
+
+
+def _pipefusion(m: _Machine, groups: int, n: int, patches: int | None) -> _Step:
+    w = m.w
+    patches = patches or default_patches(w.token_rows, n)
+    stage = max(balanced_cut(tuple(f / groups for f in w.unit_flops), n))
+    outside = (w.flops - w.stack_flops) / groups
+    boundary = max(w.unit_output_bytes, default=0.0) / groups
+    sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), n - 1)
+    slots = patches + n - 1
+    compute = slots * m.compute(stage / patches, calls=1 / n) + m.compute(outside, calls=0)
+    nbytes = boundary
+    transfer = m.transfer(nbytes, patches)
+    weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
+    return _Step(sync, m.displaced(compute, transfer), nbytes, nbytes, weights + w.kv_bytes / groups / n)
+
+
+def _parastep(m: _Machine, groups: int, n: int) -> _Step:
+    w = m.w
+    call = m.compute(w.flops / groups)
+    guided = w.latent_bytes / (2 if w.batch % 2 == 0 else 1)  # the latents after CFG combined the halves
+    nbytes = guided / groups * (n - 1)  # each round: this rank's step, to the others
+    per_step = (call + m.transfer(nbytes, 2)) / n
+    return _Step(call, per_step, 0.0, nbytes / n, m.weights)
+
+
+def _cfg_only(m: _Machine) -> _Step:
+    w = m.w
+    nbytes = w.latent_bytes / 2
+    step = m.compute(w.flops / 2) + m.transfer(nbytes, 1)
+    return _Step(step, step, nbytes, nbytes, m.weights)
+
+
+def predict(
+    workload: Workload,
+    hardware: Hardware,
+    dtype: str,
+    strategy: str,
+    nproc: int,
+    steps: int,
+    warmup_steps: int,
+    cfg_parallel: bool = False,
+    fixed: Fixed = Fixed(),
+    pipefusion_patches: int | None = None,
+) -> Prediction:
+    """The predicted call of ``strategy`` on ``nproc`` ranks against one device, for ``steps`` steps."""
+    m = _Machine(workload, hardware, dtype)
+    groups = 2 if cfg_parallel or strategy == "cfg" else 1
+    n = nproc // groups
+    if strategy == "cfg":
+        step = _cfg_only(m)
+    elif strategy == "patch":
+        step = _patch(m, groups, n)
+    elif strategy in ("ulysses", "ring"):
+        step = _sequence(m, groups, n, ring=strategy == "ring")
+    elif strategy == "asyncdiff":
+        step = _asyncdiff(m, groups, n)
+    elif strategy == "pipefusion":
+        step = _pipefusion(m, groups, n, pipefusion_patches)
+    elif strategy == "parastep":
+        step = _parastep(m, groups, n)
+    else:
+        raise ValueError(f"no cost model for strategy {strategy!r}")
+    cfg_gather = m.transfer(workload.latent_bytes / 2, 1) if groups == 2 and strategy != "cfg" else 0.0
+    synced = steps if strategy in EXACT else min(steps, warmup_steps + 1)
+    loop = synced * (step.sync_s + cfg_gather) + (steps - synced) * (step.displaced_s + cfg_gather)
+    decode = fixed.decode_s * hardware.shared_slowdown / nproc if fixed.decode_banded else fixed.decode_s
+    total = fixed.encode_s + loop + decode
+    alone = fixed.encode_s + steps * one_device_step(workload, hardware, dtype) + fixed.decode_s
+    moved = (synced * step.sync_bytes + (steps - synced) * step.displaced_bytes) / steps
+    return Prediction(
+        strategy=strategy,
+        warmup_steps=warmup_steps,
+        nproc=nproc,
+        cfg_parallel=cfg_parallel and strategy != "cfg",
+        predicted_step_s=loop / steps,
+        predicted_total_s=total,
+        predicted_speedup=alone / total,
+        bytes_per_step=moved + (workload.latent_bytes / 2 if groups == 2 and strategy != "cfg" else 0.0),
+        memory_mb=step.memory_bytes / 2**20,
+        exact=strategy in EXACT or synced == steps,
+    )

@@ -1,0 +1,144 @@
+"""A plan: every strategy and warm-up predicted for one model, size, step count and number of ranks.
+
+A model ``paradiff generate`` can load is traced from its pipeline's own call and, without ``--hardware``,
+timed here on the ranks the plan is for (:mod:`paradiff.plan.calibrate`). An architecture name
+(:mod:`paradiff.plan.architectures`) has no weights: it needs a hardware profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ParadiffError
+from .costs import MODELLED, Fixed, Prediction, predict
+from .hardware import Hardware, hardware_profile
+from .workload import Workload
+
+#: The prompt a plan traces and times the model with (the built-in models know its words).
+PLAN_PROMPT = "a large red circle on the left on a white background"
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    model: str
+    nproc: int
+    steps: int
+    size: int | None = None
+    frames: int | None = None
+    strategies: tuple[str, ...] | None = None
+    warmups: tuple[int, ...] = (4,)
+    hardware: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int = 1
+    allow_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    size: int
+    frames: int | None
+    steps: int
+    nproc: int
+    dtype: str
+    hardware: Hardware
+    workload: Workload
+    fixed: Fixed
+    predictions: tuple[Prediction, ...]
+    #: Strategy -> why it cannot run this model at this size on these ranks.
+    refused: dict = field(default_factory=dict)
+
+    def best(self, exact: bool = True) -> Prediction | None:
+        """The fastest predicted setting (among the exact ones with ``exact``); None if none runs."""
+        candidates = [p for p in self.predictions if p.exact or not exact]
+        return max(candidates, key=lambda p: p.predicted_speedup, default=None)
+
+
+def predictions(
+    workload: Workload,
+    hardware: Hardware,
+    dtype: str,
+    job: PlanJob,
+    runnable: dict,
+    fixed: Fixed,
+) -> tuple[Prediction, ...]:
+    """Every runnable strategy × warm-up (exact strategies once), and with the CFG split on 4+ even ranks."""
+    rows = []
+    for strategy, cfg_options in runnable.items():
+        warmups = (0,) if strategy in ("cfg", "ulysses", "ring") else job.warmups
+        for cfg_parallel in cfg_options:
+            for warmup in warmups:
+                rows.append(
+                    predict(workload, hardware, dtype, strategy, job.nproc, job.steps, warmup, cfg_parallel, fixed)
+                )
+    return tuple(rows)
+
+
+def _candidates(job: PlanJob) -> tuple[str, ...]:
+    names = job.strategies or MODELLED
+    unknown = [name for name in names if name not in MODELLED]
+    if unknown:
+        raise ParadiffError(f"no cost model for strategy {unknown[0]!r}; plan predicts {', '.join(MODELLED)}")
+    return names
+
+
+def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dict]:
+    """``(strategy -> cfg_parallel settings that run, strategy -> why not)``; ``check(strategy, **options)``
+    raises the ParadiffError ``parallelize`` would."""
+    runnable, refused = {}, {}
+    for strategy in _candidates(job):
+        settings = []
+        for cfg_parallel in (False, True):
+            if cfg_parallel and (strategy == "cfg" or job.nproc < 4 or job.nproc % 2 or not cfg_batch):
+                continue
+            try:
+                check(strategy, cfg_parallel=cfg_parallel)
+                settings.append(cfg_parallel)
+            except ParadiffError as error:
+                if not cfg_parallel:
+                    refused[strategy] = str(error)
+        if strategy == "cfg" and not cfg_batch:
+            settings, refused[strategy] = [], "the pipeline runs no classifier-free guidance at this setting"
+        if settings:
+            runnable[strategy] = tuple(settings)
+    return runnable, refused
+
+
+def plan_architecture(job: PlanJob) -> Plan:
+    """A plan for a well-known denoiser by name, from its public config and a hardware profile."""
+    from ..models import family_of
+    from ..strategies import strategy_class
+    from .architectures import architecture
+    from .workload import meta_model, trace
+
+    arch = architecture(job.model)
+    if job.hardware is None:
+        raise ParadiffError(
+            f"{job.model} is an architecture without weights, so this machine cannot time it; pass --hardware "
+            "(a100-nvlink, h100-nvlink, l40-pcie or rtx4090-pcie)"
+        )
+    hardware = hardware_profile(job.hardware)
+    size = job.size or arch.default_size
+    dims = arch.dims(size, job.frames)
+    model = meta_model(arch.model_class(), arch.spec["config"], arch.dtype)
+    workload = trace(model, (), arch.inputs(dims), arch.token_rows(dims), arch.calls_per_step)
+    family = family_of(model, any_model=True)
+
+    def check(strategy: str, cfg_parallel: bool) -> None:
+        cls = strategy_class(strategy)
+        if not cls.supports(family):
+            raise ParadiffError(f"strategy={strategy!r} does not run {type(model).__name__}")
+
+    cfg_batch = _batch(model, family, arch.inputs(dims)) % 2 == 0 or arch.calls_per_step == 2
+    runnable, refused = runnable_strategies(check, job, cfg_batch)
+    dtype = arch.spec["dtype"]
+    frames = None if arch.default_frames is None else job.frames or arch.default_frames
+    rows = predictions(workload, hardware, dtype, job, runnable, Fixed())
+    return Plan(job.model, size, frames, job.steps, job.nproc, dtype, hardware, workload, Fixed(), rows, refused)
+
+
+def _batch(model, family, inputs: dict) -> int:
+    from ..models.base import bind_inputs
+
+    return bind_inputs(model, (), inputs).arguments[family.latent_arg].shape[0]

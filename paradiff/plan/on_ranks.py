@@ -1,0 +1,110 @@
+"""A plan for a model ``paradiff generate`` can load: traced from its pipeline's call, timed on the ranks."""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import ParadiffError
+from .calibrate import calibrate, fastest
+from .costs import Fixed
+from .hardware import hardware_profile
+from .job import PLAN_PROMPT, Plan, PlanJob, predictions, runnable_strategies
+from .workload import pipeline_workload
+
+
+def part_height(pipe, height: int, nproc: int) -> int:
+    """The height of one rank's band of ``height`` (whole rows of the denoiser's latent patches)."""
+    from ..models import family_of
+    from ..pipeline import find_denoiser
+
+    scale = int(getattr(pipe, "vae_scale_factor", 8))
+    denoiser = find_denoiser(pipe)
+    try:
+        pixels = family_of(denoiser).pixels_per_row(denoiser, scale)
+    except ParadiffError:
+        pixels = 2 * scale
+    return max(pixels, height // nproc // pixels * pixels)
+
+
+def plan_on_rank(job: PlanJob) -> Plan | None:
+    """Load, trace, time (without a hardware profile) and predict; rank 0 returns the plan."""
+    import torch
+    import torch.distributed as dist
+
+    import paradiff
+
+    from ..cli_generate import WAIT_TIMEOUT, default_height, rank_device, torch_dtype
+    from ..loading import default_size, frames_parameter, load_pipeline, prompt_kwargs
+    from ..models import decoder_family_of, family_of
+    from ..models.base import bind_inputs
+    from ..runtime.distributed import ensure_process_group
+
+    torch.set_num_threads(job.threads)
+    if job.nproc > 1:
+        ensure_process_group(WAIT_TIMEOUT)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    device = rank_device(job.device)
+    dtype = torch_dtype(job.dtype, device)
+    pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    inputs = prompt_kwargs(pipe, job.model, PLAN_PROMPT)
+    size = job.size or default_size(job.model) or default_height(pipe)
+    if size is None:
+        raise ParadiffError(f"{job.model} does not say what size it draws at; pass --size")
+    extra = {}
+    if job.frames is not None:
+        frames = frames_parameter(pipe)
+        if frames is None:
+            raise ParadiffError(f"--frames is for video pipelines, and {job.model} makes images; drop --frames")
+        extra[frames] = job.frames
+
+    def call(height: int, steps: int = 2, output_type: str = "latent"):
+        generator = torch.Generator().manual_seed(0)
+        return pipe(
+            **inputs,
+            **extra,
+            height=height,
+            width=size,
+            num_inference_steps=steps,
+            output_type=output_type,
+            generator=generator,
+        )
+
+    workload, full = pipeline_workload(pipe, lambda: call(size), dtype)
+    start = time.perf_counter()
+    part_workload, part = pipeline_workload(pipe, lambda: call(part_height(pipe, size, max(job.nproc, 2))), dtype)
+    encode_s = time.perf_counter() - start
+    denoiser = paradiff.pipeline.find_denoiser(pipe)
+
+    def run(captured):
+        with torch.no_grad():
+            denoiser(*captured.args, **captured.kwargs)
+
+    name = str(dtype).removeprefix("torch.")
+    fixed = Fixed()
+    if job.hardware is None:
+        if rank == 0:
+            step_s = fastest(lambda: run(full), device) * workload.calls_per_step
+            decode_s = fastest(lambda: call(size, steps=1, output_type="pil"), device, repeats=1) - encode_s - step_s
+            decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+            banded = decoder is not None and decoder_family_of(decoder) is not None
+            fixed = Fixed(encode_s=encode_s, decode_s=max(decode_s, 0.0), decode_banded=banded)
+        hardware = (
+            calibrate(lambda: run(full), lambda: run(part), workload.flops, part_workload.flops, name, device)
+            if job.nproc > 1
+            else None
+        )
+    else:
+        hardware = hardware_profile(job.hardware)
+    if rank != 0 or hardware is None:
+        return None
+
+    def check(strategy: str, cfg_parallel: bool) -> None:
+        options = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
+        paradiff.check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **options)
+
+    family = family_of(denoiser, any_model=True)
+    latent_batch = bind_inputs(denoiser, full.args, full.kwargs).arguments[family.latent_arg].shape[0]
+    runnable, refused = runnable_strategies(check, job, latent_batch % 2 == 0 or workload.calls_per_step == 2)
+    rows = predictions(workload, hardware, name, job, runnable, fixed)
+    return Plan(job.model, size, job.frames, job.steps, job.nproc, name, hardware, workload, fixed, rows, refused)

@@ -1,0 +1,196 @@
+"""``paradiff plan``: the workload traced on the meta device, the cost model, the bytes it predicts against what
+the strategies send, and the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from paradiff.cli import main
+from paradiff.pipeline import find_denoiser
+from paradiff.plan.architectures import architecture, architecture_names
+from paradiff.plan.costs import balanced_cut, predict
+from paradiff.plan.hardware import Hardware
+from paradiff.plan.workload import Workload, meta_model, pipeline_workload
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+SIZE = 64
+
+
+def traced(family: str):
+    pipe = build_pipeline(family)
+    inputs = prompt_inputs(pipe, family)
+
+    def call():
+        return pipe(**inputs, height=SIZE, width=SIZE, num_inference_steps=2, output_type="latent")
+
+    return pipe, pipeline_workload(pipe, call)
+
+
+@pytest.mark.parametrize(("family", "batch"), [("sd", 2), ("pixart", 2), ("flux", 1)])
+def test_the_meta_trace_counts_the_flops_of_the_real_call_and_computes_nothing(family, batch):
+    pipe, (workload, captured) = traced(family)
+    denoiser = find_denoiser(pipe)
+    ran = []
+    handle = denoiser.register_forward_hook(lambda *_: ran.append(1))
+    # on the CPU, SDPA's fused kernel has no FLOP formula; the math path (as on the meta device) has
+    with FlopCounterMode(display=False) as real, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        denoiser(*captured.args, **captured.kwargs)
+    handle.remove()
+    assert ran == [1], "the capture left no hook behind"
+    assert workload.flops == real.get_total_flops() > 0
+    assert (workload.batch, workload.calls_per_step) == (batch, 1)
+    assert workload.kernels > 0 and workload.kv_bytes > 0 and workload.attention_layers > 0
+
+
+def test_two_call_cfg_counts_two_calls_per_step():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from family_pipelines_video import build_video_pipeline
+
+    pipe, kwargs = build_video_pipeline("wan")
+    workload, _ = pipeline_workload(pipe, lambda: pipe(**{**kwargs, "num_inference_steps": 2}))
+    assert workload.calls_per_step == 2 and workload.step_flops == 2 * workload.flops
+
+
+#: Published parameter counts of the named denoisers (billions): the shipped configs are theirs.
+PUBLISHED_PARAMS = {
+    "sdxl": 2.6,
+    "sd3.5-large": 8.1,
+    "flux-dev": 12.0,
+    "pixart-sigma": 0.6,
+    "wan2.1-14b": 14.0,
+    "hunyuanvideo": 13.0,
+}
+
+
+@pytest.mark.parametrize("name", architecture_names())
+def test_architectures_are_the_published_models(name):
+    arch = architecture(name)
+    model = meta_model(arch.model_class(), arch.spec["config"], arch.dtype)
+    params = sum(p.numel() for p in model.parameters()) / 1e9
+    assert params == pytest.approx(PUBLISHED_PARAMS[name], rel=0.05)
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def _workload(**fields) -> Workload:
+    base = dict(
+        model="M",
+        flops=1e12,
+        kernels=0,
+        itemsize=2,
+        params=1000,
+        stack_params=800,
+        latent_bytes=1e6,
+        kv_bytes=0.0,
+        attention_layers=0,
+        halo_row_bytes=0.0,
+        convolutions=0,
+        group_norms=0,
+        unit_flops=(0.5e12, 0.5e12),
+        unit_output_bytes=(1e6, 1e6),
+        unit_last_reader=(1, 2),
+        token_rows=64,
+        batch=2,
+    )
+    return Workload(**{**base, **fields})
+
+
+HARDWARE = Hardware("h", {"float16": 1e12}, 0.0, 1e9, 0.0, 1.0, 1.0, "test")
+
+
+def test_the_cost_model_splits_compute_and_adds_transfers():
+    free = _workload()
+    patch = predict(free, HARDWARE, "float16", "patch", 4, 10, 2)
+    gather_s = 0.75e6 / 1e9  # 3/4 of the prediction, at 1 GB/s: waited for in the 3 synchronous steps only
+    assert patch.predicted_step_s == pytest.approx(0.25 + 3 * gather_s / 10)
+    assert patch.predicted_speedup == pytest.approx(1.0 / patch.predicted_step_s)
+    assert not patch.exact and predict(free, HARDWARE, "float16", "patch", 4, 3, 2).exact
+    costly = _workload(kv_bytes=1e9, attention_layers=1)
+    sent_s = 0.75 + 0.75e-3  # 3/4 of the keys and values and of the prediction, at 1 GB/s
+    synced = predict(costly, HARDWARE, "float16", "patch", 4, 1, 0)
+    assert synced.predicted_step_s == pytest.approx(0.25 + sent_s)
+    displaced = predict(costly, HARDWARE, "float16", "patch", 4, 1001, 0)
+    assert displaced.predicted_step_s == pytest.approx((0.25 + 1001 * sent_s) / 1001)  # hidden up to the transfer
+    ulysses = predict(costly, HARDWARE, "float16", "ulysses", 4, 10, 0)
+    assert ulysses.exact and ulysses.bytes_per_step == pytest.approx(2 * 1e9 * 3 / 16 + 1e6 * 3 / 4)
+    cfg = predict(free, HARDWARE, "float16", "cfg", 2, 10, 0)
+    assert cfg.exact and cfg.predicted_step_s == pytest.approx(0.5 + 0.5e6 / 1e9)
+    pipefusion = predict(free, HARDWARE, "float16", "pipefusion", 2, 10, 0)
+    assert pipefusion.memory_mb == pytest.approx((200 + 400) * 2 / 2**20)
+
+
+def test_a_balanced_cut_keeps_the_largest_component_small():
+    assert balanced_cut((1, 1, 1, 1), 2) == [2, 2]
+    assert balanced_cut((3, 1, 1, 1), 2) == [3, 3]
+    assert balanced_cut((1, 1), 4) == [1, 1, 0.0, 0.0]
+
+
+#: (family, strategy, relative tolerance). asyncdiff cuts the U-Net where the measured times balance, the model
+#: where the FLOPs do; a cut one block apart moves other skip features.
+BYTES_CASES = [
+    ("sd", "patch", 0.05),
+    ("sd", "cfg", 0.05),
+    ("sd", "asyncdiff", 0.4),
+    ("pixart", "patch", 0.05),
+    ("pixart", "ulysses", 0.05),
+    ("pixart", "pipefusion", 0.05),
+    ("pixart", "asyncdiff", 0.05),
+]
+
+
+def bytes_sent(family: str, strategy: str) -> tuple[float, float]:
+    """(predicted, measured) bytes per step of rank 0, 6 steps at warm-up 1."""
+    import paradiff
+
+    pipe, (workload, _) = traced(family)
+    prediction = predict(workload, HARDWARE, "float16", strategy, 2, 6, 1)
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=1)
+    pipe(**prompt_inputs(pipe, family), height=SIZE, width=SIZE, num_inference_steps=6, output_type="latent")
+    measured = paradiff.comm_stats(pipe)["bytes_per_step"]
+    paradiff.unparallelize(pipe)
+    return prediction.bytes_per_step, measured
+
+
+@pytest.mark.timeout(240)
+def test_predicted_bytes_are_what_the_strategies_send(pool2):
+    """The byte model against each strategy's own counters: what the cost of a transfer rests on."""
+    for family, strategy, tolerance in BYTES_CASES:
+        predicted, measured = pool2.run(bytes_sent, family, strategy)[0]
+        assert predicted == pytest.approx(measured, rel=tolerance), (family, strategy, predicted, measured)
+
+
+def test_plan_of_an_architecture_prints_json(capsys):
+    assert main(["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--nproc", "8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    settings = {(row["strategy"], row["cfg_parallel"]) for row in rows}
+    assert {("patch", False), ("patch", True), ("cfg", False), ("parastep", False)} <= settings
+    for row in rows:
+        assert {"strategy", "warmup_steps", "predicted_speedup", "predicted_step_s", "bytes_per_step", "exact"} <= set(
+            row
+        )
+        assert 1 < row["predicted_speedup"] <= 8
+        assert row["exact"] == (row["strategy"] == "cfg")
+
+
+def test_an_architecture_needs_a_hardware_profile(capsys):
+    assert main(["plan", "--model", "flux-dev"]) == 2
+    err = capsys.readouterr().err
+    assert "flux-dev is an architecture without weights" in err and "pass --hardware" in err
+
+
+@pytest.mark.timeout(180)
+def test_plan_times_this_machine_for_a_model_it_can_load():
+    command = [sys.executable, "-m", "paradiff.cli", "plan", "--model", "paradiff-tiny", "--size", "64", "--steps", "8"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "machine: this machine (measured)" in out and "fastest exact: " in out, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["cfg"], ["patch"])}
+    assert rows["cfg"][-1] == "yes" and rows["patch"][-1] == "no", out
+    assert "not run: pipefusion: strategy='pipefusion' does not support UNet2DConditionModel" in out
