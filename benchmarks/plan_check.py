@@ -67,7 +67,8 @@ def main() -> None:
     ]
     widths = (-14, -10, 9, 9, 7, 17, 8)
     header = ("model", "strategy", "predicted", "measured", "error", "MB/step predicted", "measured")
-    print(" ".join(f"{name:{'<' if width < 0 else '>'}{abs(width)}s}" for name, width in zip(header, widths)))
+    cells = zip(header, widths, strict=True)
+    print(" ".join(f"{name:{'<' if width < 0 else '>'}{abs(width)}s}" for name, width in cells))
     for r in rows:
         predicted_mb, measured_mb = r["predicted_bytes_per_step"] / 2**20, r["measured_bytes_per_step"] / 2**20
         print(
