@@ -18,11 +18,12 @@ __all__ = [
     "check_parallelize",
     "comm_stats",
     "parallelize",
+    "plan_of",
     "unparallelize",
 ]
 __version__ = "0.1.0"
 
-_PIPELINE_API = ("check_parallelize", "comm_stats", "parallelize", "unparallelize")
+_PIPELINE_API = ("check_parallelize", "comm_stats", "parallelize", "plan_of", "unparallelize")
 
 
 def __getattr__(name: str):

@@ -245,8 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(gen)
     gen.add_argument(
         "--strategy",
-        choices=strategy_names(),
-        help="how the ranks share the work (default: cfg for the built-in models, patch otherwise)",
+        choices=(*strategy_names(), "auto"),
+        help="how the ranks share the work (default: cfg for the built-in models, patch otherwise); auto: the "
+        "fastest exact one the first call predicts on this machine",
     )
     gen.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first")
     gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")

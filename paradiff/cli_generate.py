@@ -177,7 +177,7 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
             f"strategy='cfg' runs the two halves of classifier-free guidance on two ranks, and at guidance "
             f"{guidance:g} the pipeline runs no guidance; pass --guidance above 1, or another strategy"
         )
-    if job.nproc > 1:  # one rank runs the pipeline as it is, whatever paradiff knows of it
+    if job.nproc > 1 and job.strategy != "auto":  # one rank runs the pipeline as it is; auto decides at its call
         height = None if _bins_resolution(pipe, inputs) else job.size or default_height(pipe)
         paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
     return GeneratePlan(call_kwargs, Path(job.out or DEFAULT_OUT[kind]), video)
@@ -233,6 +233,8 @@ def generate_on_rank(job: GenerateJob) -> dict:
         report.update(baseline_s=baseline_s, speedup=baseline_s / latency_s, psnr_db=psnr(output, baseline))
     if job.nproc > 1:
         report.update(paradiff.comm_stats(pipe))
+        if job.strategy == "auto":
+            report["picked"] = paradiff.plan_of(pipe).reason
     return report
 
 

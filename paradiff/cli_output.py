@@ -205,6 +205,8 @@ def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
     if "speedup" in report:
         line += f", {format_speedup(report['speedup'], times)}, {format_fidelity(report['psnr_db'])}"
     lines.append(line)
+    if "picked" in report:
+        lines.append(f"auto picked {report['picked']}")
     if "bytes_per_step" in report:
         lines.append(
             f"traffic: {format_bytes(report['bytes_per_step'])} per step per rank, "

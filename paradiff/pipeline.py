@@ -28,14 +28,14 @@ from datetime import timedelta
 
 from torch import nn
 
-from .config import ParallelConfig
+from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
 from .layers.decode_broadcast import DecodeOnOneRankHook
 from .models import decoder_family_of, family_of
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
-from .runtime.distributed import RankGroup, can_join_world, env_world_size, local_device
+from .runtime.distributed import RankGroup, can_join_world, ensure_process_group, env_world_size, local_device
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
@@ -79,6 +79,8 @@ class ParallelState:
     decoder_part: ParallelPart | None
     #: The failure of a call that lost a peer rank: its process groups are broken, so later calls fail at once.
     lost: PeerFailure | None = None
+    #: With ``strategy="auto"``: what it picked and why (:func:`plan_of`).
+    choice: object | None = None
 
     @property
     def parts(self) -> list[ParallelPart]:
@@ -120,6 +122,66 @@ class ParallelState:
     def drain(self) -> None:
         for part in self.parts:
             part.comm.state.drain()
+
+
+@dataclass
+class AutoState:
+    """``strategy="auto"`` until its first call, which plans itself and installs the strategy it picks."""
+
+    fidelity: str
+    options: dict
+    original_class: type
+
+    def call(self, pipe, stock_call, args: tuple, kwargs: dict):
+        from .plan.auto import choose
+
+        warmup = self.options.get("warmup_steps", SHARED_OPTIONS["warmup_steps"])
+        auto_class, pipe.__class__ = pipe.__class__, self.original_class  # the checks read the pipeline's own class
+        try:
+            choice = choose(pipe, stock_call, args, kwargs, self.fidelity, warmup)
+        except BaseException:
+            pipe.__class__ = auto_class
+            raise
+        del pipe._paradiff
+        picked = choice.prediction
+        split = {} if picked.strategy == "cfg" else {"cfg_parallel": picked.cfg_parallel}
+        parallelize(pipe, strategy=picked.strategy, **self.options, **split)
+        pipe._paradiff.choice = choice
+        return pipe._paradiff.call(pipe, stock_call, args, kwargs)
+
+
+#: What ``strategy="auto"`` takes: the shared options but the CFG split, which it decides, and ``fidelity``.
+AUTO_OPTIONS = ("fidelity", *(name for name in SHARED_OPTIONS if name != "cfg_parallel"))
+
+
+def _parallelize_auto(pipe, options: dict):
+    from .plan.auto import check_fidelity
+
+    unknown = sorted(set(options) - set(AUTO_OPTIONS))
+    if unknown:
+        raise ParadiffError(f"strategy='auto' takes {', '.join(AUTO_OPTIONS)}; got {', '.join(unknown)}")
+    fidelity = options.pop("fidelity", "exact")
+    check_fidelity(fidelity)
+    ParallelConfig("parastep", **options)  # the shared options' own checks
+    if isinstance(getattr(pipe, "_paradiff", None), (ParallelState, AutoState)):
+        raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
+    if env_world_size() == 1:
+        return pipe
+    ensure_process_group(timedelta(seconds=options.get("timeout_s", SHARED_OPTIONS["timeout_s"])))
+    pipe._paradiff = AutoState(fidelity, options, type(pipe))
+    pipe.__class__ = _parallel_class(type(pipe))
+    return pipe
+
+
+def plan_of(pipe):
+    """What ``strategy="auto"`` picked for ``pipe`` and why: a :class:`paradiff.plan.auto.Choice` (``.reason``,
+    ``.prediction``, ``.plan``), known once the first call has run."""
+    state = getattr(pipe, "_paradiff", None)
+    if isinstance(state, AutoState):
+        raise ParadiffError("strategy='auto' picks its strategy at the first call; call pipe(...) first")
+    if not isinstance(state, ParallelState) or state.choice is None:
+        raise ParadiffError("paradiff.plan_of(pipe) needs a pipeline parallelized with strategy='auto'")
+    return state.choice
 
 
 class _ParallelCall:
@@ -214,9 +276,16 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     rank returns the full, identical result. Creates the process group from the torchrun environment
     if none exists (gloo on CPU, NCCL on CUDA with the device chosen by ``LOCAL_RANK``). With one rank
     it returns the pipeline unchanged. Options are the fields of :class:`ParallelConfig`.
+
+    ``strategy="auto"`` (options ``fidelity`` — ``"exact"``, the default, or ``"displaced"`` — ``warmup_steps``,
+    ``timeout_s``, ``parallel_vae``): the first call plans itself with its own arguments (a few seconds of
+    timing on every rank, :mod:`paradiff.plan.auto`) and runs under the fastest predicted strategy, with the CFG
+    split where it pays; :func:`plan_of` says which and why.
     """
+    if strategy == "auto" and config is None:
+        return _parallelize_auto(pipe, options)
     config = config or ParallelConfig.from_options(strategy, options)
-    if isinstance(getattr(pipe, "_paradiff", None), ParallelState):
+    if isinstance(getattr(pipe, "_paradiff", None), (ParallelState, AutoState)):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     world_size = env_world_size()
     try:
@@ -282,6 +351,10 @@ def unparallelize(pipe):
     kept them): call it on every rank, as ``parallelize``.
     """
     state = getattr(pipe, "_paradiff", None)
+    if isinstance(state, AutoState):
+        pipe.__class__ = state.original_class
+        del pipe._paradiff
+        return pipe
     if not isinstance(state, ParallelState):
         return pipe
     for part in reversed(state.parts):
@@ -300,6 +373,8 @@ def comm_stats(pipe) -> dict:
     this rank waited for another stage (the pipeline's bubble), overall and per step.
     """
     state = getattr(pipe, "_paradiff", None)
+    if isinstance(state, AutoState):
+        raise ParadiffError("strategy='auto' picks its strategy at the first call; call pipe(...) first")
     if not isinstance(state, ParallelState):
         raise ParadiffError("this pipeline is not parallelized")
     denoiser_parts = [part for part in (state.strategy_part, state.cfg_part) if part is not None]

@@ -194,3 +194,51 @@ def test_plan_times_this_machine_for_a_model_it_can_load():
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["cfg"], ["patch"])}
     assert rows["cfg"][-1] == "yes" and rows["patch"][-1] == "no", out
     assert "not run: pipefusion: strategy='pipefusion' does not support UNet2DConditionModel" in out
+
+
+def auto_against_one_device(fidelity: str) -> dict:
+    import numpy as np
+
+    import paradiff
+
+    pipe = build_pipeline("sd")
+
+    def draw():
+        inputs = prompt_inputs(pipe, "sd")
+        generator = torch.Generator().manual_seed(0)
+        return pipe(**inputs, height=SIZE, width=SIZE, num_inference_steps=6, generator=generator, output_type="np")
+
+    reference = draw().images
+    pipe = paradiff.parallelize(pipe, strategy="auto", fidelity=fidelity)
+    with pytest.raises(paradiff.ParadiffError, match="picks its strategy at the first call"):
+        paradiff.plan_of(pipe)
+    images = draw().images
+    choice = paradiff.plan_of(pipe)
+    paradiff.unparallelize(pipe)
+    error = float(np.abs(images - reference).max())
+    return {
+        "error": error,
+        "strategy": choice.prediction.strategy,
+        "exact": choice.prediction.exact,
+        "reason": choice.reason,
+        "images": images,
+    }
+
+
+@pytest.mark.timeout(240)
+def test_auto_plans_its_first_call_and_stays_exact(pool2):
+    results = pool2.run(auto_against_one_device, "exact")
+    for result in results:
+        assert result["exact"] and result["error"] <= 1e-5, result["reason"]
+        assert result["strategy"] == results[0]["strategy"] and "predicted over one device" in result["reason"]
+        assert (result["images"] == results[0]["images"]).all()
+
+
+def test_auto_refuses_options_it_decides_itself():
+    import paradiff
+
+    pipe = build_pipeline("sd")
+    with pytest.raises(paradiff.ParadiffError, match="strategy='auto' takes fidelity, warmup_steps"):
+        paradiff.parallelize(pipe, strategy="auto", cfg_parallel=True)
+    with pytest.raises(paradiff.ParadiffError, match="fidelity must be 'exact' or 'displaced'"):
+        paradiff.parallelize(pipe, strategy="auto", fidelity="close")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..errors import ParadiffError
 from .calibrate import calibrate, fastest
@@ -29,20 +30,14 @@ def part_height(pipe, height: int, nproc: int) -> int:
 def plan_on_rank(job: PlanJob) -> Plan | None:
     """Load, trace, time (without a hardware profile) and predict; rank 0 returns the plan."""
     import torch
-    import torch.distributed as dist
-
-    import paradiff
 
     from ..cli_generate import WAIT_TIMEOUT, default_height, rank_device, torch_dtype
     from ..loading import default_size, frames_parameter, load_pipeline, prompt_kwargs
-    from ..models import decoder_family_of, family_of
-    from ..models.base import bind_inputs
     from ..runtime.distributed import ensure_process_group
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1:
         ensure_process_group(WAIT_TIMEOUT)
-    rank = dist.get_rank() if dist.is_initialized() else 0
     device = rank_device(job.device)
     dtype = torch_dtype(job.dtype, device)
     pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
@@ -51,18 +46,16 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
     size = job.size or default_size(job.model) or default_height(pipe)
     if size is None:
         raise ParadiffError(f"{job.model} does not say what size it draws at; pass --size")
-    extra = {}
     if job.frames is not None:
         frames = frames_parameter(pipe)
         if frames is None:
             raise ParadiffError(f"--frames is for video pipelines, and {job.model} makes images; drop --frames")
-        extra[frames] = job.frames
+        inputs[frames] = job.frames
 
-    def call(height: int, steps: int = 2, output_type: str = "latent"):
+    def call(height: int, steps: int, output_type: str):
         generator = torch.Generator().manual_seed(0)
         return pipe(
             **inputs,
-            **extra,
             height=height,
             width=size,
             num_inference_steps=steps,
@@ -70,11 +63,31 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
             generator=generator,
         )
 
-    workload, full = pipeline_workload(pipe, lambda: call(size), dtype)
-    start = time.perf_counter()
-    part_workload, part = pipeline_workload(pipe, lambda: call(part_height(pipe, size, max(job.nproc, 2))), dtype)
-    encode_s = time.perf_counter() - start
+    return plan_pipeline(pipe, call, size, job, device)
+
+
+def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan | None:
+    """The plan of ``pipe``'s calls at ``size`` px: ``call(height, steps, output_type)`` makes one.
+
+    A collective when no hardware profile is named (every rank of the default group times its part); rank 0
+    returns the plan.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import paradiff
+
+    from ..models import decoder_family_of, family_of
+    from ..models.base import bind_inputs
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
     denoiser = paradiff.pipeline.find_denoiser(pipe)
+    dtype = next(denoiser.parameters()).dtype
+    workload, full = pipeline_workload(pipe, lambda: call(size, 2, "latent"), dtype)
+    start = time.perf_counter()
+    part_size = part_height(pipe, size, max(job.nproc, 2))
+    part_workload, part = pipeline_workload(pipe, lambda: call(part_size, 2, "latent"), dtype)
+    encode_s = time.perf_counter() - start
 
     def run(captured):
         with torch.no_grad():
@@ -85,18 +98,14 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
     if job.hardware is None:
         if rank == 0:
             step_s = fastest(lambda: run(full), device) * workload.calls_per_step
-            decode_s = fastest(lambda: call(size, steps=1, output_type="pil"), device, repeats=1) - encode_s - step_s
+            decode_s = fastest(lambda: call(size, 1, "pil"), device, repeats=1) - encode_s - step_s
             decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
             banded = decoder is not None and decoder_family_of(decoder) is not None
             fixed = Fixed(encode_s=encode_s, decode_s=max(decode_s, 0.0), decode_banded=banded)
-        hardware = (
-            calibrate(lambda: run(full), lambda: run(part), workload.flops, part_workload.flops, name, device)
-            if job.nproc > 1
-            else None
-        )
+        hardware = calibrate(lambda: run(full), lambda: run(part), workload.flops, part_workload.flops, name, device)
     else:
         hardware = hardware_profile(job.hardware)
-    if rank != 0 or hardware is None:
+    if rank != 0:
         return None
 
     def check(strategy: str, cfg_parallel: bool) -> None:
