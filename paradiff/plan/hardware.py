@@ -90,6 +90,14 @@ PROFILES = {
             "450 GB/s each way",
         ),
         _gpu(
+            "h200-nvlink",
+            989,
+            450,
+            12,
+            "NVIDIA H200 SXM datasheet: 989 TFLOPS dense fp16/bf16 tensor (as the H100; 141 GB HBM3e at "
+            "4.8 TB/s); NVLink 4: 900 GB/s per GPU, 450 GB/s each way",
+        ),
+        _gpu(
             "l40-pcie",
             181,
             25,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ParadiffError
 from .costs import MODELLED, Fixed, Prediction, predict
-from .hardware import Hardware, hardware_profile
+from .hardware import Hardware, hardware_names, hardware_profile
 from .workload import Workload
 
 #: The prompt a plan traces and times the model with (the built-in models know its words).
@@ -116,7 +116,7 @@ def plan_architecture(job: PlanJob) -> Plan:
     if job.hardware is None:
         raise ParadiffError(
             f"{job.model} is an architecture without weights, so this machine cannot time it; pass --hardware "
-            "(a100-nvlink, h100-nvlink, l40-pcie or rtx4090-pcie)"
+            f"({', '.join(hardware_names())})"
         )
     hardware = hardware_profile(job.hardware)
     size = job.size or arch.default_size

@@ -79,9 +79,10 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
 
     from ..models import decoder_family_of, family_of
     from ..models.base import bind_inputs
+    from ..pipeline import find_denoiser
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    denoiser = paradiff.pipeline.find_denoiser(pipe)
+    denoiser = find_denoiser(pipe)
     dtype = next(denoiser.parameters()).dtype
     workload, full = pipeline_workload(pipe, lambda: call(size, 2, "latent"), dtype)
     start = time.perf_counter()
