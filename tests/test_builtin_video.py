@@ -10,12 +10,20 @@ import numpy as np
 import pytest
 import torch
 from diffusers import LattePipeline
-from scene_analysis import MIN_TRAVEL, motion_misses, travel_of
+from scene_analysis import motion_misses
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
 from paradiff.builtin.clips import DIRECTIONS, TEST_MOTIONS, TEST_PROMPTS, make_clips
 from paradiff.builtin.scenes import COLOURS
-from paradiff.builtin.video_train import DATASET_CLIPS, direction_classes, train
+from paradiff.builtin.video_train import (
+    DATASET_CLIPS,
+    HIGH_NOISE_FROM,
+    HIGH_NOISE_SHARE,
+    VIDEO_BATCH,
+    direction_classes,
+    train,
+    video_batches,
+)
 from paradiff.builtin.vocabulary import unknown_words, warn_unknown_words
 from paradiff.errors import ParadiffWarning
 from paradiff.loading import load_pipeline
@@ -87,6 +95,26 @@ def test_video_training_writes_a_pipeline_that_loads_and_draws(tmp_path):
     assert (tmp_path / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is linked"
     frames = draw(pipe, TEST_PROMPTS[0], seed=0, steps=2, size=64)
     assert frames.shape == (FRAMES, 64, 64, 3) and np.isfinite(frames).all()
+    # --resume: stage 4 alone, from a written pipeline; the tokenizer and text encoder are kept as they are
+    train(tmp_path / "again", scale=0.003, seed=0, pictures=WEIGHTS, resume=tmp_path / "video")
+    again = LattePipeline.from_pretrained(tmp_path / "again" / "video")
+    kept = zip(again.text_encoder.state_dict().values(), pipe.text_encoder.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in kept)
+    trained = zip(again.transformer.state_dict().values(), pipe.transformer.state_dict().values(), strict=True)
+    assert not all(torch.equal(a, b) for a, b in trained), "stage 4 trained the DiT further"
+
+
+def test_stage_4_draws_half_of_each_batch_at_high_noise():
+    pipe = load_pipeline("paradiff-tiny-video")
+    clips = make_clips(4, seed=0)
+    latents = torch.zeros(len(clips), 4, FRAMES, 4, 4)
+
+    def first_half(high_noise: bool) -> torch.Tensor:
+        batches = video_batches(latents, clips, pipe.tokenizer, seed=1, high_noise=high_noise)
+        return torch.stack([next(batches)[2][: int(HIGH_NOISE_SHARE * VIDEO_BATCH)] for _ in range(30)])
+
+    assert (first_half(True) >= HIGH_NOISE_FROM).all()
+    assert (first_half(False) < HIGH_NOISE_FROM).any()
 
 
 def test_shipped_video_model_is_small_and_loads_offline():
@@ -105,16 +133,14 @@ def video_pipe():
 
 
 @pytest.mark.timeout(400)
-def test_video_model_draws_held_out_prompts_in_colour_and_motion(video_pipe):
-    """Each of the 24 held-out prompts at the default size, 20 steps, seed 0: the asked colour is found and
-    moves along the asked line (either way: the model does not yet tell the two directions on a line apart,
-    see README), and how many move the asked way is printed."""
-    travels = {prompt: travel_of(draw(video_pipe, prompt, seed=0), prompt) for prompt in TEST_PROMPTS}
-    found = [travel for travel in travels.values() if travel is not None]
-    along = [travel for travel in found if abs(travel) >= MIN_TRAVEL]
-    asked_way = [travel for travel in along if travel > 0]
-    print(f"colour found {len(found)}, moving along the line {len(along)}, the asked way {len(asked_way)} of 24")
-    assert len(found) >= 0.8 * len(TEST_PROMPTS) and len(along) >= 0.6 * len(TEST_PROMPTS), travels
+def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe):
+    """Each of the 24 held-out prompts at the default size, 20 steps, seed 0: the asked colour is found and its
+    centroid moves the asked way by at least 15% of the frame between the first and last quarter of the frames,
+    in at least 80% of them."""
+    misses = {prompt: motion_misses(draw(video_pipe, prompt, seed=0), prompt) for prompt in TEST_PROMPTS}
+    followed = [prompt for prompt, missed in misses.items() if not missed]
+    print(f"followed {len(followed)} of {len(TEST_PROMPTS)}")
+    assert len(followed) >= 0.8 * len(TEST_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
 
 
 def test_readme_video_examples_are_the_checked_ones():
