@@ -46,15 +46,22 @@ class Fixed:
 
 @dataclass(frozen=True)
 class Prediction:
+    """One setting's predicted call on ``nproc`` ranks."""
+
     strategy: str
     warmup_steps: int
     nproc: int
     cfg_parallel: bool
+    #: Mean seconds per denoising step, and seconds of the whole call (prompt encoding and decode included).
     predicted_step_s: float
     predicted_total_s: float
+    #: One device's call time over this one's.
     predicted_speedup: float
+    #: What the busiest rank sends per step, the mean over the call's steps (as ``comm_stats`` counts it).
     bytes_per_step: float
+    #: Weights and strategy buffers one rank holds (activations aside).
     memory_mb: float
+    #: Whether the result equals one device's within float round-off.
     exact: bool
 
     @property
@@ -64,6 +71,8 @@ class Prediction:
 
 @dataclass(frozen=True)
 class _Step:
+    """A strategy's step: during warm-up (``sync``) and after it (``displaced``)."""
+
     sync_s: float
     displaced_s: float
     sync_bytes: float
