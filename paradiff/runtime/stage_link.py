@@ -51,11 +51,15 @@ class StageLink:
         source, tags = self.comm.rank - 1, self.call_tags
         self.receives = [self.comm.receive(buffer, source, tags[m]) for m, buffer in enumerate(self.buffers)]
 
+    # Called from inside the denoiser's forward with the patch index: under torch.compile that index would become
+    # a symbolic integer, and a message tag must be a plain one; the transfers run outside any compiled graph.
+    @torch.compiler.disable
     def receive(self, index: int) -> torch.Tensor:
         """Message ``index`` from the previous stage, waiting for it if it has not arrived yet."""
         self._waited(PIPE, self.comm.wait([self.receives[index]]))
         return self.buffers[index]
 
+    @torch.compiler.disable
     def send(self, index: int, tensor: torch.Tensor) -> None:
         """Start sending message ``index`` (``tensor``, kept alive until sent) to the next stage."""
         tensor = tensor.contiguous()

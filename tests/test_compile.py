@@ -1,0 +1,44 @@
+"""``torch.compile`` of the denoiser after ``parallelize``: the strategies' hooks and transfers run around the
+compiled graphs, and exact mode stays exact. The slower compiles (``patch``, ``parastep``, ``asyncdiff``: 30-50 s
+each on this machine) run in ``benchmarks/compile_check.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import paradiff
+from paradiff.pipeline import find_denoiser
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+STEPS = 3
+
+
+def compiled_against_one_device(family: str, strategy: str) -> dict:
+    pipe = build_pipeline(family)
+
+    def draw():
+        generator = torch.Generator().manual_seed(0)
+        inputs = prompt_inputs(pipe, family)
+        return pipe(**inputs, height=64, width=64, num_inference_steps=STEPS, generator=generator, output_type="np")
+
+    reference = draw().images
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=STEPS)  # exact: every step fresh
+    denoiser = find_denoiser(pipe)
+    denoiser.compile()
+    try:
+        images = draw().images
+    finally:
+        paradiff.unparallelize(pipe)
+        torch._dynamo.reset()
+    return {"error": float(np.abs(images - reference).max()), "images": images}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("family", "strategy"), [("sd", "cfg"), ("pixart", "ulysses"), ("pixart", "pipefusion")])
+def test_a_compiled_denoiser_stays_exact(pool2, family, strategy):
+    results = pool2.run(compiled_against_one_device, family, strategy)
+    for result in results:
+        assert result["error"] <= 1e-5, result["error"]  # images in [0, 1]
+        np.testing.assert_array_equal(result["images"], results[0]["images"])
