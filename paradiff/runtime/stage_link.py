@@ -20,7 +20,12 @@ from .comm import OUTPUT, PIPE, Communicator
 
 
 class StageLink:
-    """This stage's transfers within one call context and call slot; its receive buffers are reused."""
+    """This stage's transfers within one call context and call slot; its receive buffers are reused.
+
+    Its transfers are started from inside the denoiser's forward with patch indices and counts: under
+    ``torch.compile`` those would become symbolic integers, and a message tag must be a plain one, so they
+    run outside any compiled graph (``torch.compiler.disable``).
+    """
 
     def __init__(self, comm: Communicator):
         self.comm = comm
@@ -44,6 +49,7 @@ class StageLink:
         self.idle_s = 0.0
         self.call_tags = self.comm.tags(patches)
 
+    @torch.compiler.disable
     def expect(self, count: int, shape: tuple[int, ...], like: torch.Tensor) -> None:
         """Post the receives of ``count`` messages of ``shape`` from the previous stage (``like``'s dtype, device)."""
         if len(self.buffers) != count or tuple(self.buffers[0].shape) != shape or self.buffers[0].dtype != like.dtype:
@@ -51,8 +57,6 @@ class StageLink:
         source, tags = self.comm.rank - 1, self.call_tags
         self.receives = [self.comm.receive(buffer, source, tags[m]) for m, buffer in enumerate(self.buffers)]
 
-    # Called from inside the denoiser's forward with the patch index: under torch.compile that index would become
-    # a symbolic integer, and a message tag must be a plain one; the transfers run outside any compiled graph.
     @torch.compiler.disable
     def receive(self, index: int) -> torch.Tensor:
         """Message ``index`` from the previous stage, waiting for it if it has not arrived yet."""
