@@ -256,3 +256,17 @@ def loop_length(pipe) -> int | None:
     """
     length = getattr(pipe, "_num_timesteps", None)
     return length if isinstance(length, int) and length > 0 else None
+
+
+@contextmanager
+def progress_bar_off(pipe) -> Iterator[None]:
+    """The pipeline's progress bar off inside the block, its settings as they were after it.
+
+    ``set_progress_bar_config`` only adds settings; diffusers keeps them in ``_progress_bar_config``.
+    """
+    settings = dict(getattr(pipe, "_progress_bar_config", {}))
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        yield
+    finally:
+        pipe._progress_bar_config = settings

@@ -50,20 +50,20 @@ def check_fidelity(fidelity: str) -> None:
 
 @contextlib.contextmanager
 def _untouched(pipe, kwargs: dict):
-    """The generators in ``kwargs`` and the progress bar setting as they were, whatever runs inside."""
+    """The generators in ``kwargs`` and the progress bar as they were, whatever runs inside (bar off meanwhile)."""
     import torch
+
+    from ..compat import progress_bar_off
 
     generators = kwargs.get("generator")
     generators = generators if isinstance(generators, list) else [generators]
     states = [(g, g.get_state()) for g in generators if isinstance(g, torch.Generator)]
-    bar = dict(getattr(pipe, "_progress_bar_config", {}))
-    pipe.set_progress_bar_config(disable=True)
     try:
-        yield
+        with progress_bar_off(pipe):
+            yield
     finally:
         for generator, state in states:
             generator.set_state(state)
-        pipe._progress_bar_config = bar
 
 
 def choose(pipe, stock_call, args: tuple, kwargs: dict, fidelity: str, warmup_steps: int) -> Choice:
