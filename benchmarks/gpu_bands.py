@@ -87,7 +87,7 @@ def run_case(case: str, bands: list[int], device: torch.device, hardware: str, r
         rows_per_band = dims["H"] // band // 2 * 2
         dims = {**dims, "H": rows_per_band}
         meta_inputs = arch.inputs(dims)
-        workload = trace(meta, (), meta_inputs, arch.token_rows(dims), arch.calls_per_step)
+        workload = trace(meta, (), meta_inputs, arch.token_rows(dims))  # one call, as timed below
         inputs = real_inputs(meta_inputs, device, dtype)
         with torch.no_grad():
             seconds = timed(lambda inputs=inputs, model=model: model(**inputs), device, repeats)

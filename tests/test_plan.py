@@ -125,8 +125,30 @@ def test_the_cost_model_splits_compute_and_adds_transfers():
     assert pipefusion.memory_mb == pytest.approx((200 + 400) * 2 / 2**20)
 
 
+def test_a_two_call_step_costs_two_calls_and_the_cfg_split_gives_each_group_one():
+    slow_link = Hardware("h", {"float16": 1e12}, 0.01, 1e9, 1e-3, 1.0, 1.0, "test")
+    one = _workload(batch=1, kv_bytes=1e8, attention_layers=3)
+    two = _workload(batch=1, kv_bytes=1e8, attention_layers=3, calls_per_step=2)
+    for strategy in ("patch", "ulysses", "ring", "pipefusion", "asyncdiff"):
+        single, double = (predict(w, slow_link, "float16", strategy, 2, 10, 1) for w in (one, two))
+        assert double.predicted_step_s == pytest.approx(2 * single.predicted_step_s), strategy
+        assert double.predicted_speedup == pytest.approx(single.predicted_speedup), strategy
+        assert double.bytes_per_step == pytest.approx(2 * single.bytes_per_step), strategy
+    single, double = (predict(w, slow_link, "float16", "parastep", 2, 10, 1) for w in (one, two))
+    assert double.bytes_per_step == single.bytes_per_step > 0  # a round sends each step's latent, not each call's
+    assert double.predicted_step_s == pytest.approx(2 * single.predicted_step_s, rel=0.01)
+    cfg = predict(two, slow_link, "float16", "cfg", 2, 10, 0)
+    one_call_s = 1.0 + 0.01  # a group makes one of the two calls; its prediction goes to the other
+    assert cfg.predicted_step_s == pytest.approx(one_call_s + 1e6 / 1e9 + 1e-3)
+    assert cfg.predicted_speedup == pytest.approx(2 * (1.0 + 0.01) / cfg.predicted_step_s)
+    batched = predict(_workload(flops=2e12), slow_link, "float16", "cfg", 2, 10, 0)
+    assert batched.predicted_step_s == pytest.approx(one_call_s + 0.5e6 / 1e9 + 1e-3)  # half of one call's batch
+
+
 def test_a_balanced_cut_keeps_the_largest_component_small():
     assert balanced_cut((1, 1, 1, 1), 2) == [2, 2]
+    assert balanced_cut((1,) * 40, 4) == [10, 10, 10, 10]
+    assert balanced_cut((1,) * 10, 3) == [3, 4, 3]
     assert balanced_cut((3, 1, 1, 1), 2) == [3, 3]
     assert balanced_cut((1, 1), 4) == [1, 1, 0.0, 0.0]
 

@@ -19,6 +19,9 @@ compute as far as the machine allows (:attr:`Hardware.overlap`). What each strat
   of the units into N of about equal FLOPs). Every step, warm-up too, each component sends the hidden
   states that cross its border, and the last component's prediction is broadcast.
 * the CFG split: each group computes half the batch; the halves' predictions are gathered.
+
+A pipeline that makes two calls per step (two-call CFG, :attr:`Workload.calls_per_step`) costs twice one
+call's compute, bytes and exchanges per step; under the CFG split each group makes one of the two calls.
 """
 
 from __future__ import annotations
@@ -81,16 +84,23 @@ class _Step:
 
 
 class _Machine:
-    """Compute and transfer times of one workload on one machine."""
+    """Compute and transfer times of one step's workload on one machine, for ranks split into ``groups`` CFG groups.
 
-    def __init__(self, workload: Workload, hardware: Hardware, dtype: str):
-        self.w, self.hw, self.rate = workload, hardware, hardware.rate(dtype)
+    ``w`` is the step's workload: one call's FLOPs and bytes times the calls per step. ``calls`` is the denoiser
+    calls one group makes per step: under the CFG split a two-call step is one call per group.
+    """
+
+    def __init__(self, workload: Workload, hardware: Hardware, dtype: str, groups: int = 1):
+        self.one_call, self.hw, self.rate = workload, hardware, hardware.rate(dtype)
+        self.w = workload.per_step()
+        self.calls = max(workload.calls_per_step // groups, 1)
 
     def compute(self, flops: float, calls: float = 1.0, shared: bool = True) -> float:
-        """Seconds of ``flops`` spread over ``calls`` denoiser calls' worth of operations (1: every layer once)."""
+        """Seconds of ``flops`` spread over ``calls`` of this group's steps' worth of operations (1: every layer of
+        every call once)."""
         slowdown = self.hw.shared_slowdown if shared else 1.0
         per_call = self.hw.call_overhead_s + self.w.kernels * self.hw.launch_s
-        return flops / self.rate * slowdown + calls * per_call
+        return flops / self.rate * slowdown + calls * self.calls * per_call
 
     def transfer(self, nbytes: float, exchanges: float) -> float:
         return nbytes / self.hw.link_bytes_per_s + exchanges * self.hw.link_latency_s
@@ -104,14 +114,16 @@ class _Machine:
 
 
 def one_device_step(workload: Workload, hardware: Hardware, dtype: str) -> float:
-    return _Machine(workload, hardware, dtype).compute(workload.flops, shared=False)
+    """Seconds of one denoising step (every call of it) on one device."""
+    m = _Machine(workload, hardware, dtype)
+    return m.compute(m.w.flops, shared=False)
 
 
 def _patch(m: _Machine, groups: int, n: int) -> _Step:
     w = m.w
     compute = m.compute(w.flops / groups / n)
     nbytes = (w.kv_bytes + 2 * w.halo_row_bytes + w.latent_bytes) / groups * (n - 1) / n
-    transfer = m.transfer(nbytes, w.attention_layers + w.convolutions + w.group_norms + 1)
+    transfer = m.transfer(nbytes, m.calls * (w.attention_layers + w.convolutions + w.group_norms + 1))
     return _Step(compute + transfer, m.displaced(compute, transfer), nbytes, nbytes, m.weights + w.kv_bytes / groups)
 
 
@@ -122,7 +134,7 @@ def _sequence(m: _Machine, groups: int, n: int, ring: bool) -> _Step:
     nbytes = kv * (n - 1) / n if ring else 2 * kv * (n - 1) / n**2
     nbytes += w.latent_bytes / groups * (n - 1) / n  # the bands of the prediction, gathered
     exchanges = w.attention_layers * ((n - 1) if ring else 4) + 1
-    step = compute + m.transfer(nbytes, exchanges)
+    step = compute + m.transfer(nbytes, m.calls * exchanges)
     return _Step(step, step, nbytes, nbytes, m.weights)
 
 
@@ -130,9 +142,9 @@ def balanced_cut(costs: tuple[float, ...], parts: int) -> list[float]:
     """The costs of ``parts`` contiguous groups of ``costs`` whose largest is smallest (greedy on the running sum)."""
     total, groups, current = sum(costs), [], 0.0
     for index, cost in enumerate(costs):
-        target = total * (len(groups) + 1) / parts
+        target = total * (len(groups) + 1) / parts  # where this group should end, counted from the first
         remaining_units, remaining_parts = len(costs) - index, parts - len(groups)
-        if current and (current + cost / 2 > target or remaining_units < remaining_parts):
+        if current and (sum(groups) + current + cost / 2 > target or remaining_units < remaining_parts):
             groups.append(current)
             current = 0.0
         current += cost
@@ -164,7 +176,7 @@ def _asyncdiff(m: _Machine, groups: int, n: int) -> _Step:
     sent = [crossing_bytes(w, last) / groups for last in _cut_indices(w.unit_flops, n)]
     sent.append(w.latent_bytes / groups * (n - 1))  # the last component's prediction, to every rank
     nbytes = max(sent)
-    transfer = m.transfer(sum(sent) / n, 2)
+    transfer = m.transfer(sum(sent) / n, 2 * m.calls)
     whole = m.compute(w.flops / groups)
     return _Step(whole, m.displaced(compute, transfer), nbytes, nbytes, m.weights)
 
@@ -181,11 +193,11 @@ def _pipefusion(m: _Machine, groups: int, n: int, patches: int | None) -> _Step:
     stage = max(balanced_cut(tuple(f / groups for f in w.unit_flops), n))
     outside = (w.flops - w.stack_flops) / groups
     boundary = max(w.unit_output_bytes, default=0.0) / groups
-    sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), n - 1)
+    sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), m.calls * (n - 1))
     slots = patches + n - 1
     compute = slots * m.compute(stage / patches, calls=1 / n) + m.compute(outside, calls=0)
     nbytes = boundary
-    transfer = m.transfer(nbytes, patches)
+    transfer = m.transfer(nbytes, m.calls * patches)
     weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
     return _Step(sync, m.displaced(compute, transfer), nbytes, nbytes, weights + w.kv_bytes / groups / n)
 
@@ -193,7 +205,8 @@ def _pipefusion(m: _Machine, groups: int, n: int, patches: int | None) -> _Step:
 def _parastep(m: _Machine, groups: int, n: int) -> _Step:
     w = m.w
     call = m.compute(w.flops / groups)
-    guided = w.latent_bytes / (2 if w.batch % 2 == 0 else 1)  # the latents after CFG combined the halves
+    one = m.one_call
+    guided = one.latent_bytes / (2 if one.batch % 2 == 0 else 1)  # the latents after CFG combined the halves
     nbytes = guided / groups * (n - 1)  # each round: this rank's step, to the others
     per_step = (call + m.transfer(nbytes, 2)) / n
     return _Step(call, per_step, 0.0, nbytes / n, m.weights)
@@ -219,8 +232,8 @@ def predict(
     pipefusion_patches: int | None = None,
 ) -> Prediction:
     """The predicted call of ``strategy`` on ``nproc`` ranks against one device, for ``steps`` steps."""
-    m = _Machine(workload, hardware, dtype)
     groups = 2 if cfg_parallel or strategy == "cfg" else 1
+    m = _Machine(workload, hardware, dtype, groups)
     n = nproc // groups
     if strategy == "cfg":
         step = _cfg_only(m)
@@ -236,7 +249,8 @@ def predict(
         step = _parastep(m, groups, n)
     else:
         raise ValueError(f"no cost model for strategy {strategy!r}")
-    cfg_gather = m.transfer(workload.latent_bytes / 2, 1) if groups == 2 and strategy != "cfg" else 0.0
+    cfg_bytes = m.w.latent_bytes / 2 if groups == 2 and strategy != "cfg" else 0.0  # a group's predictions
+    cfg_gather = m.transfer(cfg_bytes, 1) if cfg_bytes else 0.0
     synced = steps if strategy in EXACT else min(steps, warmup_steps + 1)
     loop = synced * (step.sync_s + cfg_gather) + (steps - synced) * (step.displaced_s + cfg_gather)
     decode = fixed.decode_s * hardware.shared_slowdown / nproc if fixed.decode_banded else fixed.decode_s
@@ -251,7 +265,7 @@ def predict(
         predicted_step_s=loop / steps,
         predicted_total_s=total,
         predicted_speedup=alone / total,
-        bytes_per_step=moved + (workload.latent_bytes / 2 if groups == 2 and strategy != "cfg" else 0.0),
+        bytes_per_step=moved + cfg_bytes,
         memory_mb=step.memory_bytes / 2**20,
         exact=strategy in EXACT or synced == steps,
     )

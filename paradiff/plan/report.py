@@ -27,7 +27,7 @@ def _machine_line(plan: Plan) -> str:
 def plan_lines(plan: Plan) -> list[str]:
     w = plan.workload
     frames = f", {plan.frames} frames" if plan.frames else ""
-    step = one_device_step(w, plan.hardware, plan.dtype) * w.calls_per_step
+    step = one_device_step(w, plan.hardware, plan.dtype)
     alone = plan.fixed.encode_s + plan.steps * step + plan.fixed.decode_s
     lines = [
         f"{plan.model} ({w.model}) at {plan.size} px{frames}, {plan.steps} steps, {plan.nproc} ranks, {plan.dtype}: "

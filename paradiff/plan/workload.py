@@ -16,7 +16,7 @@ the strategies exchange:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -71,6 +71,21 @@ class Workload:
     @property
     def step_flops(self) -> float:
         return self.flops * self.calls_per_step
+
+    def per_step(self) -> Workload:
+        """This workload as one step makes it: FLOPs and bytes times the calls per step (shapes and counts alike)."""
+        c = self.calls_per_step
+        if c == 1:
+            return self
+        return replace(
+            self,
+            flops=self.flops * c,
+            latent_bytes=self.latent_bytes * c,
+            kv_bytes=self.kv_bytes * c,
+            halo_row_bytes=self.halo_row_bytes * c,
+            unit_flops=tuple(f * c for f in self.unit_flops),
+            unit_output_bytes=tuple(b * c for b in self.unit_output_bytes),
+        )
 
     @property
     def stack_flops(self) -> float:
