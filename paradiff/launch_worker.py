@@ -86,12 +86,13 @@ def _alias_main(main: tuple[str, str] | None) -> None:
 
 
 def _join_group(settings: dict) -> None:
-    """The default process group over every worker: NCCL on CUDA (this rank's GPU), gloo on CPU."""
+    """The default process group over every worker: NCCL on CUDA (this rank's GPU), gloo on CPU, or gloo on
+    CUDA with ``PARADIFF_BACKEND=gloo`` (ranks then share the GPUs there are)."""
     import torch
     import torch.distributed as dist
 
     from .errors import ParadiffError
-    from .runtime.distributed import local_device
+    from .runtime.distributed import backend_for, local_device
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=settings["timeout_s"])
@@ -99,16 +100,18 @@ def _join_group(settings: dict) -> None:
     cuda = settings["device"] != "cpu" and torch.cuda.is_available()
     if settings["device"] == "cuda" and not cuda:
         raise ParadiffError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
-    if not cuda:
+    device = local_device() if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if backend_for(device) == "gloo":
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         return
     if world_size > torch.cuda.device_count():
         raise ParadiffError(
-            f"{world_size} ranks on CUDA need one GPU each, and torch sees {torch.cuda.device_count()}; "
-            f"start at most {torch.cuda.device_count()} ranks (--nproc), or run on the CPU (--device cpu)"
+            f"{world_size} ranks on CUDA need one GPU each with NCCL, and torch sees {torch.cuda.device_count()}; "
+            f"start at most {torch.cuda.device_count()} ranks (--nproc), share the GPUs through gloo "
+            "(PARADIFF_BACKEND=gloo), or run on the CPU (--device cpu)"
         )
-    device = local_device()
-    torch.cuda.set_device(device)
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device)
 
 

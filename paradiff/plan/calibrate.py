@@ -59,10 +59,18 @@ def _link(device: torch.device, nproc: int) -> tuple[float, float]:
     return sent / max(transfer - latency, 1e-9), latency
 
 
-def _overlap(call: Callable[[], object], device: torch.device, nproc: int, alone_s: float, link_s: float) -> float:
-    """Share of background all-gathers' time that a denoiser call running meanwhile hides: as many all-gathers
-    as take about half the call (at least one), so that the call's own jitter does not swamp them."""
-    big = torch.zeros(LINK_BYTES // 4, device=device)
+def _overlap(
+    call: Callable[[], object],
+    device: torch.device,
+    link_device: torch.device,
+    nproc: int,
+    alone_s: float,
+    link_s: float,
+) -> float:
+    """Share of background all-gathers' time (of tensors on ``link_device``) that a denoiser call running meanwhile
+    on ``device`` hides: as many all-gathers as take about half the call (at least one), so that the call's own
+    jitter does not swamp them."""
+    big = torch.zeros(LINK_BYTES // 4, device=link_device)
     pieces = [torch.empty_like(big) for _ in range(nproc)]
     count = max(1, min(OVERLAP_TRANSFERS, round(alone_s / 2 / link_s)))
 
@@ -93,10 +101,11 @@ def calibrate(
         full, part = fastest(denoise_full, device), fastest(denoise_part, device)
     dist.barrier()
     shared = fastest(denoise_full, device)
-    bandwidth, latency = _link(device, nproc)
+    link_device = device if dist.get_backend() == "nccl" else torch.device("cpu")  # gloo moves host memory
+    bandwidth, latency = _link(link_device, nproc)
     link_s = LINK_BYTES * (nproc - 1) / bandwidth + latency
-    overlap = _overlap(denoise_full, device, nproc, shared, link_s)
-    figures = torch.tensor([full, part, shared, bandwidth, latency, overlap], dtype=torch.float64)
+    overlap = _overlap(denoise_full, device, link_device, nproc, shared, link_s)
+    figures = torch.tensor([full, part, shared, bandwidth, latency, overlap], dtype=torch.float64, device=link_device)
     gathered = [torch.empty_like(figures) for _ in range(nproc)]
     dist.all_gather(gathered, figures)
     full, part = float(gathered[0][0]), float(gathered[0][1])

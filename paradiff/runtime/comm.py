@@ -27,10 +27,17 @@ one stage to the next instead; it also records how long each of its denoiser cal
 of that it spent idle, waiting for another stage (its pipeline's bubble).
 
 Waits and bytes are counted per step and kind.
+
+gloo moves host memory only. On a gloo group, every transfer of a CUDA tensor goes through a (pinned) host
+copy: the tensor is copied to the host when the transfer starts, and what arrives is copied onto the
+device when the transfer is waited for (:class:`HostStaging`). Several ranks can so share one GPU, and
+a machine without NCCL still runs every strategy; ``PARADIFF_STAGE_HOST=1`` stages CPU tensors through
+separate host buffers too, which checks the path on a machine without a GPU.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -169,6 +176,68 @@ class Transfer:
 
 #: Default of ``Communicator.bucket_limit_bytes``.
 BUCKET_LIMIT_BYTES = 256 * 1024
+#: Set to 1 to stage CPU tensors through separate host buffers as CUDA tensors are on gloo.
+STAGE_HOST_VARIABLE = "PARADIFF_STAGE_HOST"
+
+
+class HostStaging:
+    """The host copies of one transfer's tensors, for a process group that moves host memory only.
+
+    ``outgoing`` returns what to send (a host copy, made now), ``incoming`` what to receive into (a host
+    buffer, copied into the tensor when the transfer is waited for), ``both`` a host copy that is sent and
+    received into (broadcast, all-reduce). Tensors that need no staging pass through unchanged.
+    """
+
+    def __init__(self, active: bool, every_tensor: bool):
+        self.active, self.every_tensor = active, every_tensor
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kept: list[torch.Tensor] = []
+
+    def _stages(self, tensor: torch.Tensor) -> bool:
+        return self.active and (self.every_tensor or tensor.device.type != "cpu")
+
+    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
+        pinned = tensor.device.type == "cuda"
+        return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pinned)
+
+    def outgoing(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self._stages(tensor):
+            return tensor
+        host = self._host(tensor)
+        host.copy_(tensor)
+        self.kept.append(host)
+        return host
+
+    def incoming(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None or not self._stages(tensor):
+            return tensor
+        host = self._host(tensor)
+        self.copies.append((tensor, host))
+        return host
+
+    def both(self, tensor: torch.Tensor) -> torch.Tensor:
+        host = self.outgoing(tensor)
+        if host is not tensor:
+            self.copies.append((tensor, host))
+        return host
+
+    def wrap(self, work):
+        """``work``, or a work whose ``wait`` also copies what arrived onto the tensors' devices."""
+        return _StagedWork(work, self.copies, self.kept) if self.copies or self.kept else work
+
+
+class _StagedWork:
+    """A transfer between host copies: waiting for it copies what it received back to where the caller wants it."""
+
+    def __init__(self, work, copies: list[tuple[torch.Tensor, torch.Tensor]], kept: list[torch.Tensor]):
+        self.work, self.copies, self.kept = work, copies, kept
+
+    def wait(self, timeout=None) -> bool:
+        self.work.wait(timeout)
+        for tensor, host in self.copies:
+            tensor.copy_(host)
+        self.copies, self.kept = [], []
+        return True
 
 
 class Communicator:
@@ -188,6 +257,10 @@ class Communicator:
         #: (the patch strategy's ``bucket_limit_bytes`` option sets it).
         self.bucket_limit_bytes = BUCKET_LIMIT_BYTES
         self.stats = CommStats()
+        #: gloo moves host memory only: CUDA tensors (and with ``PARADIFF_STAGE_HOST=1`` every tensor) go
+        #: through host copies.
+        self.stages_through_host = dist.get_backend(ranks.group) == "gloo"
+        self.stages_every_tensor = os.environ.get(STAGE_HOST_VARIABLE) == "1"
 
     @property
     def size(self) -> int:
@@ -251,33 +324,47 @@ class Communicator:
     def _group(self, background: bool) -> dist.ProcessGroup:
         return self.ranks.background if background else self.ranks.group
 
+    def staging(self) -> HostStaging:
+        """Host copies for one transfer's tensors (none unless the group is gloo)."""
+        return HostStaging(self.stages_through_host, self.stages_every_tensor)
+
     def send(self, tensor: torch.Tensor, to: int, tag: int, background: bool = False) -> tuple[Transfer, int]:
         """Start sending ``tensor`` (contiguous, kept alive by the caller until sent) to rank ``to``; (transfer,
         bytes)."""
-        peer, group = self.ranks.global_rank(to), self._group(background)
-        transfer = self._launch(f"the send to rank {peer}", (to,), lambda: dist.isend(tensor, peer, group, tag=tag))
+        peer, group, staging = self.ranks.global_rank(to), self._group(background), self.staging()
+        sent = staging.outgoing(tensor)
+        transfer = self._launch(
+            f"the send to rank {peer}", (to,), lambda: staging.wrap(dist.isend(sent, peer, group, tag=tag))
+        )
         return transfer, tensor_bytes(tensor)
 
     def receive(self, buffer: torch.Tensor, source: int, tag: int, background: bool = False) -> Transfer:
         """Start receiving rank ``source``'s message ``tag`` into ``buffer``; the transfer."""
-        peer, group = self.ranks.global_rank(source), self._group(background)
+        peer, group, staging = self.ranks.global_rank(source), self._group(background), self.staging()
+        into = staging.incoming(buffer)
         return self._launch(
-            f"the receive from rank {peer}", (source,), lambda: dist.irecv(buffer, peer, group, tag=tag)
+            f"the receive from rank {peer}", (source,), lambda: staging.wrap(dist.irecv(into, peer, group, tag=tag))
         )
 
     def broadcast(self, tensor: torch.Tensor, source: int, background: bool = False) -> tuple[Transfer, int]:
         """Start overwriting ``tensor`` (contiguous) with rank ``source``'s; (transfer, bytes this rank sent)."""
-        peer, group = self.ranks.global_rank(source), self._group(background)
+        peer, group, staging = self.ranks.global_rank(source), self._group(background), self.staging()
         peers = None if self.rank == source else (source,)
+        host = staging.both(tensor)
         transfer = self._launch(
-            f"the broadcast from rank {peer}", peers, lambda: dist.broadcast(tensor, peer, group=group, async_op=True)
+            f"the broadcast from rank {peer}",
+            peers,
+            lambda: staging.wrap(dist.broadcast(host, peer, group=group, async_op=True)),
         )
         return transfer, (tensor_bytes(tensor) * (self.size - 1) if self.rank == source else 0)
 
     def all_gather(self, pieces: list[torch.Tensor], tensor: torch.Tensor, background: bool = False):
         """Start gathering every rank's ``tensor`` into ``pieces``; (transfer, bytes this rank sent)."""
-        group = self._group(background)
-        transfer = self._launch("the all-gather", None, lambda: dist.all_gather(pieces, tensor, group, async_op=True))
+        group, staging = self._group(background), self.staging()
+        sent, into = staging.outgoing(tensor), [staging.incoming(piece) for piece in pieces]
+        transfer = self._launch(
+            "the all-gather", None, lambda: staging.wrap(dist.all_gather(into, sent, group, async_op=True))
+        )
         return transfer, tensor_bytes(tensor) * (self.size - 1)
 
     def all_gather_object(self, value) -> list:
@@ -289,8 +376,15 @@ class Communicator:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the ranks in place (waited for now)."""
-        group = self.ranks.group
-        self.wait([self._launch("the all-reduce", None, lambda: dist.all_reduce(tensor, group=group, async_op=True))])
+        group, staging = self.ranks.group, self.staging()
+        host = staging.both(tensor)
+        self.wait(
+            [
+                self._launch(
+                    "the all-reduce", None, lambda: staging.wrap(dist.all_reduce(host, group=group, async_op=True))
+                )
+            ]
+        )
         return tensor
 
     def swap_with_neighbours(self, send: tuple, receive: tuple, tags: tuple[int, int], background: bool = False):
@@ -300,23 +394,34 @@ class Communicator:
         it has no neighbour on. Returns the works and the bytes this rank sent.
         """
         (to_above, to_below), (from_above, from_below) = send, receive
-        group, ops, neighbours, nbytes = self._group(background), [], (), 0
+        group, ops, stagings, neighbours, nbytes = self._group(background), [], [], (), 0
+
+        def add(op, tensor: torch.Tensor, peer: int, tag: int) -> None:
+            staging = self.staging()
+            staged = staging.outgoing(tensor) if op is dist.isend else staging.incoming(tensor)
+            ops.append(dist.P2POp(op, staged, peer, group, tag))
+            stagings.append(staging)
+
         if self.rank > 0:
             peer = self.ranks.global_rank(self.rank - 1)
-            ops += [dist.P2POp(dist.isend, to_above, peer, group, tags[0])]
-            ops += [dist.P2POp(dist.irecv, from_above, peer, group, tags[1])]
+            add(dist.isend, to_above, peer, tags[0])
+            add(dist.irecv, from_above, peer, tags[1])
             neighbours, nbytes = (*neighbours, self.rank - 1), nbytes + tensor_bytes(to_above)
         if self.rank < self.size - 1:
             peer = self.ranks.global_rank(self.rank + 1)
-            ops += [dist.P2POp(dist.isend, to_below, peer, group, tags[1])]
-            ops += [dist.P2POp(dist.irecv, from_below, peer, group, tags[0])]
+            add(dist.isend, to_below, peer, tags[1])
+            add(dist.irecv, from_below, peer, tags[0])
             neighbours, nbytes = (*neighbours, self.rank + 1), nbytes + tensor_bytes(to_below)
         if not ops:
             return [], nbytes
         operation = "the swap of boundary rows with the neighbouring bands"
         with self.failures_named(operation, neighbours):
             works = dist.batch_isend_irecv(ops)
-        return [Transfer(work, operation, neighbours) for work in works], nbytes
+        if not self.stages_through_host:  # NCCL may answer the whole batch with one work
+            return [Transfer(work, operation, neighbours) for work in works], nbytes
+        return [
+            Transfer(staging.wrap(work), operation, neighbours) for staging, work in zip(stagings, works, strict=True)
+        ], nbytes
 
     def bucket(self) -> DisplacedBucket:
         """The displaced-transfer bucket of the current call context and call slot."""

@@ -4,6 +4,10 @@ paradiff is called on every rank of a ``torchrun`` job. If the user has not crea
 yet, one is created from the torchrun environment: gloo on CPU, NCCL on CUDA with the device picked by
 ``LOCAL_RANK``. paradiff then makes its own group over the same ranks so that every one of its
 collectives carries paradiff's timeout, whatever timeout the user's default group has.
+
+``PARADIFF_BACKEND=gloo`` keeps CUDA ranks on gloo: several ranks may then share one GPU (NCCL refuses
+two ranks on one device), and a machine without NCCL still runs; paradiff stages the CUDA tensors it
+sends through host memory (:class:`~paradiff.runtime.comm.HostStaging`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from ..errors import ParadiffError
 
 
 def env_world_size() -> int:
@@ -31,6 +37,20 @@ def local_device() -> torch.device:
 
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+BACKEND_VARIABLE = "PARADIFF_BACKEND"
+
+
+def backend_for(device: torch.device) -> str:
+    """The process group backend for ranks on ``device``: NCCL on CUDA, gloo on CPU, or as
+    ``PARADIFF_BACKEND`` (``auto``, ``nccl``, ``gloo``) asks."""
+    requested = os.environ.get(BACKEND_VARIABLE, "auto")
+    if requested not in ("auto", "nccl", "gloo"):
+        raise ParadiffError(f"{BACKEND_VARIABLE}={requested!r} is not a backend paradiff uses; use auto, nccl or gloo")
+    if device.type != "cuda":
+        if requested == "nccl":
+            raise ParadiffError(f"{BACKEND_VARIABLE}=nccl needs CUDA ranks, and these run on {device.type}; unset it")
+        return "gloo"
+    return "gloo" if requested == "gloo" else "nccl"
 
 
 def can_join_world() -> bool:
@@ -51,6 +71,7 @@ def ensure_process_group(timeout: timedelta) -> None:
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if backend_for(device) == "nccl":
         dist.init_process_group("nccl", timeout=timeout, device_id=device)
     else:
         dist.init_process_group("gloo", timeout=timeout)

@@ -1,0 +1,136 @@
+"""Every strategy at 2 ranks, exact mode (synchronous every step), against one device on the ranks' own device.
+
+    PARADIFF_BACKEND=gloo python benchmarks/gpu_strategies.py --device cuda   # two ranks share one GPU
+    PARADIFF_STAGE_HOST=1 python benchmarks/gpu_strategies.py --device cpu    # the host-staging path on CPU
+
+Each rank builds the tiny pipeline of the strategy's family (random weights, the same on every rank), runs
+it on one device, then parallelized, and compares the latents: the largest difference relative to the
+output's largest magnitude, and whether every rank returned the same output. fp32 passes at 1e-5; ``ring``
+needs an attention backend that returns the log-sum-exp (cuDNN, half precision), so it runs in bfloat16 and
+passes at 2e-2, and it is refused on CPU. Prints a table, writes JSON and exits 1 if a case fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+#: strategy: (family, dtype); ``dualparal`` runs the tiny SkyReels diffusion-forcing video pipeline.
+CASES = {
+    "patch": ("sd", "float32"),
+    "pipefusion": ("pixart", "float32"),
+    "parastep": ("pixart", "float32"),
+    "asyncdiff": ("sd", "float32"),
+    "cfg": ("sd", "float32"),
+    "ulysses": ("pixart", "float32"),
+    "dualparal": ("skyreels-df", "float32"),
+    "ring": ("pixart", "bfloat16"),
+}
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+STEPS = 3
+
+
+def _image_case(pipe, family: str, device, strategy: str):
+    import torch
+
+    import paradiff
+    from paradiff.tiny import prompt_inputs
+
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in prompt_inputs(pipe, family).items()}
+
+    def call():
+        generator = torch.Generator().manual_seed(0)
+        return pipe(**inputs, height=64, width=64, num_inference_steps=STEPS, generator=generator, output_type="latent")
+
+    reference = call().images
+    pipe = paradiff.parallelize(pipe, strategy=strategy, **({} if strategy == "cfg" else {"warmup_steps": STEPS}))
+    try:
+        return reference, call().images
+    finally:
+        paradiff.unparallelize(pipe)
+
+
+def _video_case(device):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from skyreels_pipelines import build_df_pipeline, df_call
+
+    import paradiff
+    from paradiff.strategies.dualparal import one_device_schedule
+
+    pipe = build_df_pipeline().to(device)
+    with one_device_schedule(pipe, None):
+        reference = pipe(**df_call()).frames
+    pipe = paradiff.parallelize(pipe, strategy="dualparal", dualparal_displaced=False)
+    try:
+        return reference, pipe(**df_call()).frames
+    finally:
+        paradiff.unparallelize(pipe)
+
+
+def on_rank(device_name: str, names: list[str]) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from paradiff.cli_generate import rank_device
+    from paradiff.errors import ParadiffError
+    from paradiff.tiny import build_pipeline
+
+    device = rank_device(device_name)
+    rows = []
+    for name in names:
+        family, dtype = CASES[name]
+        row = {"strategy": name, "family": family, "dtype": dtype, "device": str(device)}
+        try:
+            if name == "dualparal":
+                reference, output = _video_case(device)
+            else:
+                pipe = build_pipeline(family).to(device, getattr(torch, dtype))
+                if name == "ring" and device.type == "cuda":
+                    pipe.transformer.set_attention_backend("_native_cudnn")
+                reference, output = _image_case(pipe, family, device, name)
+        except ParadiffError as error:
+            rows.append({**row, "refused": str(error)})
+            continue
+        reference, output = reference.float().cpu(), output.float().cpu()
+        digest = hashlib.sha256(output.numpy().tobytes()).hexdigest()
+        digests: list = [None] * dist.get_world_size()
+        dist.all_gather_object(digests, digest)
+        relative = float((output - reference).abs().max() / reference.abs().max())
+        exact = relative <= TOLERANCE[dtype] and len(set(digests)) == 1
+        rows.append({**row, "relative_difference": relative, "ranks_equal": len(set(digests)) == 1, "exact": exact})
+    return rows
+
+
+def main() -> int:
+    from paradiff.launch import run_on_ranks
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--strategies", default=",".join(CASES), help="comma list (default: all)")
+    parser.add_argument("--out", default="benchmarks/out/gpu_strategies.json")
+    args = parser.parse_args()
+    names = [name for name in args.strategies.split(",") if name]
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        parser.error(f"no case for {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    rows = run_on_ranks(on_rank, 2, args.device, names, device=args.device)
+    for row in rows:
+        if "refused" in row:
+            print(f"{row['strategy']:10s} {row['family']:12s} refused: {row['refused']}")
+        else:
+            verdict = "exact" if row["exact"] else "NOT EXACT"
+            print(
+                f"{row['strategy']:10s} {row['family']:12s} {row['dtype']:9s} {row['device']:7s} "
+                f"{row['relative_difference']:.2e} of the largest magnitude, ranks equal: {row['ranks_equal']}: "
+                f"{verdict}"
+            )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0 if all(row.get("exact", True) for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
