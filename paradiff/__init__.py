@@ -17,6 +17,7 @@ __all__ = [
     "PeerFailure",
     "check_parallelize",
     "comm_stats",
+    "load_stage_pipeline",
     "parallelize",
     "plan_of",
     "unparallelize",
@@ -31,4 +32,8 @@ def __getattr__(name: str):
         from . import pipeline
 
         return getattr(pipeline, name)
+    if name == "load_stage_pipeline":
+        from .stage_loading import load_stage_pipeline
+
+        return load_stage_pipeline
     raise AttributeError(f"module 'paradiff' has no attribute {name!r}")

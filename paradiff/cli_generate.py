@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ParadiffError, ParadiffWarning
-from .loading import fixed_frames, frames_parameter, load_pipeline, makes_video, prompt_kwargs
+from .loading import RANDOM_MODELS, fixed_frames, frames_parameter, load_pipeline, makes_video, prompt_kwargs
 
 #: What ``--out`` may end in, per output kind (``.jpeg`` and ``.tif`` spellings included).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -183,6 +183,12 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     return GeneratePlan(call_kwargs, Path(job.out or DEFAULT_OUT[kind]), video)
 
 
+def loads_by_stage(job: GenerateJob) -> bool:
+    """Whether each rank loads only its stage of the blocks: ``pipefusion`` without the one-device reference
+    (which needs the whole model) on a model read from files."""
+    return job.nproc > 1 and job.strategy == "pipefusion" and not job.baseline and job.model not in RANDOM_MODELS
+
+
 def generate_on_rank(job: GenerateJob) -> dict:
     """Load, check, draw the reference on rank 0 (the same device and dtype), then the image on every rank.
 
@@ -194,8 +200,10 @@ def generate_on_rank(job: GenerateJob) -> dict:
 
     import paradiff
 
+    from .memory import PeakMemory
     from .metrics import psnr
     from .runtime.distributed import ensure_process_group
+    from .stage_loading import load_stage_pipeline
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1:
@@ -203,7 +211,11 @@ def generate_on_rank(job: GenerateJob) -> dict:
     rank = dist.get_rank() if dist.is_initialized() else 0
     device = rank_device(job.device)
     dtype = torch_dtype(job.dtype, device)
-    pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
+    with PeakMemory(device) as loading:
+        if loads_by_stage(job):
+            pipe = load_stage_pipeline(job.model, dtype=dtype, device=device)
+        else:
+            pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
     inputs = prompt_kwargs(pipe, job.model, job.prompt, guidance=job.guidance, negative_prompt=job.negative_prompt)
     plan = plan_generate(pipe, job, inputs)
 
@@ -225,10 +237,19 @@ def generate_on_rank(job: GenerateJob) -> dict:
             baseline, baseline_s = draw("one device")
         dist.barrier()
         pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup)
-    output, latency_s = draw(job.phase)
+    with PeakMemory(device) as generating:
+        output, latency_s = draw(job.phase)
+    peaks = [(loading.bytes, generating.bytes)]
+    if job.nproc > 1:
+        peaks = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, (loading.bytes, generating.bytes))
     if rank != 0:
         return {}
-    report = {"out": save_output(output, plan.out), "latency_s": latency_s}
+    report = {"out": save_output(output, plan.out), "latency_s": latency_s, "loaded_by_stage": loads_by_stage(job)}
+    report["peak_memory_mb"] = {
+        phase: [None if peak[i] is None else peak[i] / 2**20 for peak in peaks]
+        for i, phase in enumerate(("loading", "generating"))
+    }
     if baseline is not None:
         report.update(baseline_s=baseline_s, speedup=baseline_s / latency_s, psnr_db=psnr(output, baseline))
     if job.nproc > 1:

@@ -195,7 +195,8 @@ def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
     """The lines ``paradiff generate`` prints after a run: the file, each phase's time, speed, fidelity, traffic.
 
     ``report`` is rank 0's: ``out``, ``latency_s`` and, after a reference run, ``baseline_s``, ``speedup``
-    and ``psnr_db``; after a parallel run ``bytes_per_step`` and ``wait_s``. ``phase`` names the run
+    and ``psnr_db``; after a parallel run ``bytes_per_step`` and ``wait_s``; ``peak_memory_mb`` (per rank, of
+    the loading and of the run) and ``loaded_by_stage``. ``phase`` names the run
     (``"one device"`` or ``"2 ranks, patch"``).
     """
     lines = [f"wrote {report['out']}"]
@@ -211,5 +212,13 @@ def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
         lines.append(
             f"traffic: {format_bytes(report['bytes_per_step'])} per step per rank, "
             f"{report['wait_s']:.2f} s waiting for other ranks"
+        )
+    peaks = report.get("peak_memory_mb", {})
+    if peaks and all(value is not None for values in peaks.values() for value in values):
+        by_stage = report.get("loaded_by_stage")
+        where = "each rank loaded only its stage of the blocks" if by_stage else "whole model loaded"
+        shown = {phase: " / ".join(f"{value:,.0f}" for value in values) for phase, values in peaks.items()}
+        lines.append(
+            f"peak memory per rank (MB): loading {shown['loading']}, generating {shown['generating']} ({where})"
         )
     return lines

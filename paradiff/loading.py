@@ -147,7 +147,7 @@ def load_pipeline(model: str, dtype=None, allow_pickle: bool = False):
         "use_safetensors": None if allow_pickle else True,  # None: safetensors where present, else pickle
         "trust_remote_code": False,
         "custom_pipeline": None,
-        **_absent_components(model),
+        **absent_components(model),
     }
     try:
         with warnings.catch_warnings():
@@ -259,7 +259,7 @@ def makes_video(pipe) -> bool:
     return frames_parameter(pipe) is not None or "Video" in name or name.startswith(("AnimateDiff", "Wan"))
 
 
-def _absent_components(model: str) -> dict:
+def absent_components(model: str) -> dict:
     """Components a local pipeline folder saved as absent (``[null, null]``): passed as None to load."""
     index = Path(model) / "model_index.json"
     if not index.is_file():

@@ -39,6 +39,7 @@ from .runtime.distributed import RankGroup, can_join_world, ensure_process_group
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import build_mesh
 from .runtime.step_state import StepState
+from .stage_loading import check_loaded_stage
 from .strategies import strategy_class
 from .strategies.base import Strategy
 from .strategies.cfg import CfgStrategy
@@ -244,6 +245,7 @@ def check_parallelize(
     strategy_cls = strategy_class(config.strategy)
     family = family_of(denoiser, any_model=strategy_cls.model_agnostic)  # the CFG split is model-agnostic too
     world_size = env_world_size() if world_size is None else world_size
+    check_loaded_stage(denoiser, config, world_size)
     if world_size == 1:
         return
     cfg, degree = config.degrees(world_size)

@@ -50,12 +50,14 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
         assert image.format == "PNG" and image.size == (512, 512) and image.mode == "RGB"
         assert background_of(np.asarray(image)) == "white", "the picture follows the prompt"
     lines = done.stdout.splitlines()
-    assert lines[0] == f"wrote {out}" and len(lines) == 4, done.stdout
+    assert lines[0] == f"wrote {out}" and len(lines) == 5, done.stdout
     assert re.fullmatch(r"one device: \d+\.\d\d s", lines[1]), lines
     speed = r"(\d+\.\d× (faster|slower)|as fast as one device)"
     exact = r"(identical to one device|equal to one device within float round-off \(PSNR \d+ dB\))"
     assert re.fullmatch(rf"2 ranks, cfg: \d+\.\d\d s, {speed}, {exact}", lines[2]), lines
     assert re.fullmatch(r"traffic: \d+(\.\d)? kB per step per rank, \d+\.\d\d s waiting for other ranks", lines[3])
+    peak = r"peak memory per rank \(MB\): loading \d+ / \d+, generating \d+ / \d+ \(whole model loaded\)"
+    assert re.fullmatch(peak, lines[4]), lines
     # quiet: only rank 0's two labelled step bars on stderr, no third-party message, no loading bar
     assert not THIRD_PARTY_NOISE.search(done.stderr), done.stderr[-3000:]
     bars = {line.split(":")[0] for line in re.split(r"[\r\n]+", done.stderr) if line.strip()}
@@ -97,6 +99,16 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, arg
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
+def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(tmp_path):
+    out = tmp_path / "circle.png"
+    argv = ["--strategy", "pipefusion", "--no-baseline", "--steps", "2", "--size", "256", "--out", str(out)]
+    done = run_cli("generate", "a red circle", *argv, env=cli_env(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    peak = r"peak memory per rank \(MB\): loading \d+ / \d+, generating \d+ / \d+ \(each rank loaded only its stage"
+    assert re.match(peak, done.stdout.splitlines()[-1]), done.stdout
+
+
 def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
     import imageio.v3 as iio
 
@@ -110,7 +122,7 @@ def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
     frames = iio.imread(tmp_path / "clip.mp4")
     assert frames.shape == (8, 32, 32, 3), "5 frames round up to CogVideoX's 4k + 1 latent frames: 8 decoded"
     assert not (tmp_path / "clip.png").exists()
-    assert capsys.readouterr().out.splitlines()[-1].startswith("one device: ")
+    assert capsys.readouterr().out.splitlines()[-2].startswith("one device: ")
 
 
 @pytest.mark.parametrize(

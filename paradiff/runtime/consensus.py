@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ParadiffError
+from ..stage_loading import loaded_stage
 from .comm import Communicator
 
 #: Strings longer than this are shown cut, followed by a hash of the whole.
@@ -93,14 +94,19 @@ def _modules(pipe) -> dict[str, nn.Module]:
     return {name: module for name, module in sorted(components.items()) if isinstance(module, nn.Module)}
 
 
-def weights_checksum(module: nn.Module) -> float:
-    """A float64 checksum of ``module``'s parameters and buffers, computed where they lie (one pass).
+def weights_checksum(module: nn.Module, names: tuple[str, ...] | None = None) -> float:
+    """A float64 checksum of ``module``'s parameters and buffers (only those ``names`` gives, if given), computed
+    where they lie (one pass).
 
     Each tensor's sum is weighted by a small factor that cycles with its position, so weights swapped
     between tensors change the checksum too.
     """
+    tensors = [*module.parameters(), *module.buffers()]
+    if names is not None:
+        named = dict([*module.named_parameters(), *module.named_buffers()])
+        tensors = [named[name] for name in names]
     total = 0.0
-    for position, tensor in enumerate([*module.parameters(), *module.buffers()]):
+    for position, tensor in enumerate(tensors):
         if tensor.is_floating_point() or tensor.is_complex():
             total += (1 + position % 7) * float(torch.sum(tensor.detach(), dtype=torch.float64).real)
         else:
@@ -122,7 +128,12 @@ def describe_setup(pipe, options: dict) -> dict[str, str]:
         count = sum(p.numel() for p in module.parameters())
         dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()})
         description[name] = f"{type(module).__qualname__}, {count:,} parameters ({'/'.join(dtypes)})"
-        description[f"{name} weights"] = f"checksum {weights_checksum(module):.10e}"
+        held = loaded_stage(module)
+        if held is None:
+            description[f"{name} weights"] = f"checksum {weights_checksum(module):.10e}"
+        else:  # each rank holds another stage of the blocks: compare the cut and what every rank holds
+            shared = weights_checksum(module, held.shared)
+            description[f"{name} weights"] = f"stages {list(held.stages)} loaded by stage, checksum {shared:.10e}"
     return description
 
 

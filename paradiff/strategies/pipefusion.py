@@ -17,7 +17,9 @@ measured per call as ``idle_share`` in ``paradiff.comm_stats``.
 Memory: the other stages' parameters are freed, not copied anywhere (each keeps its ``Parameter``
 object, holding an empty tensor). ``unparallelize`` restores them exactly by broadcasting each
 stage's parameters from the rank that kept them, so it is a collective: call it on every rank, as
-``parallelize``. Restoring moves (N−1)/N of the blocks' parameters to every rank once.
+``parallelize``. Restoring moves (N−1)/N of the blocks' parameters to every rank once. A pipeline loaded with
+:func:`paradiff.load_stage_pipeline` never held the other stages: their parameters wait on the meta device
+and ``parallelize`` frees them the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ..layers.stages import (
 )
 from ..models import DenoiserFamily, family_of
 from ..runtime.comm import Communicator
+from ..stage_loading import LOADED_STAGE_ATTRIBUTE, loaded_stage
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .installation import Installation
 from .stage_cut import balanced_cut, measured_costs
@@ -141,7 +144,14 @@ class PipeFusionStrategy(Strategy):
         """Keep this rank's stage of ``denoiser``'s blocks, free the others', hook it to run as a pipeline."""
         stack = family.block_stack
         blocks = [block for _, block in stage_blocks(denoiser, stack)]
-        cut = self.options.pipefusion_stages or balanced_cut(measured_costs(family, denoiser, blocks, comm), comm.size)
+        held = loaded_stage(denoiser)
+        if held is not None and held.stage != comm.rank:
+            raise ParadiffError(
+                f"this rank loaded stage {held.stage} of the blocks but is stage {comm.rank} of the pipeline; load "
+                "with the rank parallelize runs on (load_stage_pipeline's default)"
+            )
+        cut = held.stages if held is not None else self.options.pipefusion_stages
+        cut = cut or balanced_cut(measured_costs(family, denoiser, blocks, comm), comm.size)
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
         installed = PipeFusionInstallation(denoiser, self.name, comm, blocks, cut)
@@ -189,12 +199,15 @@ class PipeFusionInstallation(Installation):
         self.released: dict[int, torch.Size] = {}
 
     def restore(self) -> None:
-        """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it."""
+        """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it; the
+        model is then whole, even if it was loaded by stage."""
         for stage, blocks in enumerate(_split(self.blocks, self.cut)):
             for param in _params_of(blocks):
                 if id(param) in self.released:
                     param.data = param.data.new_empty(self.released.pop(id(param)))
                 self.comm.wait([self.comm.broadcast(param.data, stage)[0]])
+        if loaded_stage(self.model) is not None:
+            delattr(self.model, LOADED_STAGE_ATTRIBUTE)
 
 
 def _split(blocks: list[nn.Module], cut: tuple[int, ...]) -> list[list[nn.Module]]:
@@ -218,9 +231,25 @@ def _release(denoiser: nn.Module, blocks: list[nn.Module], cut: tuple[int, ...],
     others = [block for s, group in enumerate(_split(blocks, cut)) if s != stage for block in group]
     elsewhere = {id(m) for block in others for m in block.modules()}
     kept = {id(p) for m in denoiser.modules() if id(m) not in elsewhere for p in m.parameters(recurse=False)}
+    home = next(p.device for p in denoiser.parameters() if p.device.type != "meta")
     released = {}
     for param in _params_of(others):
         if id(param) not in kept:
-            released[id(param)] = param.shape
-            param.data = param.data.new_empty(0)
+            shape, empty = param.shape, torch.empty(0, dtype=param.dtype, device=home)
+            if param.device.type == "meta":  # loaded by stage; a meta parameter cannot take real data in place
+                param = _replace_parameter(others, param, empty)
+            else:
+                param.data = empty
+            released[id(param)] = shape
     return released
+
+
+def _replace_parameter(blocks: list[nn.Module], param: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
+    """Put a new parameter holding ``data`` wherever ``blocks`` hold ``param``; the new parameter."""
+    new = nn.Parameter(data, requires_grad=param.requires_grad)
+    for block in blocks:
+        for module in block.modules():
+            for name, value in module._parameters.items():
+                if value is param:
+                    module._parameters[name] = new
+    return new
