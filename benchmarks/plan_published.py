@@ -21,6 +21,7 @@ from paradiff.plan.workload import meta_model, trace
 
 DISTRIFUSION = "DistriFusion (CVPR 2024), SDXL, 50-step DDIM, A100 NVLink: README and paper figure"
 XDIT_HUNYUAN = "xDiT docs/performance/hunyuanvideo.md, HunyuanVideo 960×960, 129 frames, 50 steps, H100, Ulysses"
+XDIT_FLUX = "xDiT docs/performance/flux.md, FLUX.1-dev 1024 px, 28 steps, 4×H100, PyTorch eager (not torch.compile)"
 #: (source, architecture, size, frames, steps, hardware, strategy, ranks, cfg_parallel, published speedup)
 CASES = [
     *[
@@ -31,6 +32,10 @@ CASES = [
     *[
         (XDIT_HUNYUAN, "hunyuanvideo", 960, 129, 50, "h100-nvlink", "ulysses", n, False, 1735.01 / seconds)
         for n, seconds in ((2, 934.09), (3, 645.45), (6, 367.02))
+    ],
+    *[
+        (XDIT_FLUX, "flux-dev", 1024, None, 28, "h100-nvlink", strategy, n, False, 6.71 / seconds)
+        for strategy, n, seconds in (("ulysses", 2, 4.38), ("ring", 2, 5.31), ("ulysses", 4, 4.24), ("ring", 4, 5.11))
     ],
 ]
 

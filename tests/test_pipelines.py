@@ -1,8 +1,8 @@
 """The ``pipelines/`` recipes end to end: each one a ``torchrun`` job on 2 CPU ranks, as their docs launch them.
 
 They run as real ``torchrun`` jobs, not on the shared rank pools, because the launch is part of what
-they document. The jobs start together when the first test asks for them, so that their start-up
-(importing torch and diffusers in every process) overlaps; each test then waits for its own job.
+they document. They run one after the other: started together, five jobs' ten ranks and their polling
+waits share two cores and take three times as long.
 """
 
 from __future__ import annotations
@@ -45,37 +45,24 @@ def _stop(job: subprocess.Popen) -> None:
         job.wait()
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """recipe -> (job, folder): every recipe under ``torchrun --standalone``, which picks a free port itself."""
-    started = {}
-    for recipe, model in MODELS.items():
-        folder = tmp_path_factory.mktemp(Path(recipe).stem)
-        command = [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
-            *(str(ROOT / "pipelines" / recipe), "--model", model, "--size", str(SIZE), "--steps", "2"),
-            *("--out", str(folder / "image.png")),
-        ]
-        with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
-            started[recipe] = (subprocess.Popen(command, stdout=stdout, stderr=stderr, env=_env(), cwd=folder), folder)
-    yield started
-    for job, _ in started.values():
-        if job.poll() is None:
-            _stop(job)
-
-
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 @pytest.mark.parametrize("recipe", MODELS)
-def test_recipe_on_two_ranks(jobs, recipe):
-    job, folder = jobs[recipe]
+def test_recipe_on_two_ranks(tmp_path, recipe):
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+        *(str(ROOT / "pipelines" / recipe), "--model", MODELS[recipe], "--size", str(SIZE), "--steps", "2"),
+        *("--out", str(tmp_path / "image.png")),
+    ]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        job = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=_env(), cwd=tmp_path)
     try:
         code = job.wait(timeout=JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         _stop(job)
         pytest.fail(f"{recipe} did not finish in {JOB_TIMEOUT_S} s")
-    stdout, stderr = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     assert code == 0, stderr[-3000:]
-    with Image.open(folder / "image.png") as image:
+    with Image.open(tmp_path / "image.png") as image:
         assert image.format == "PNG" and image.size == (SIZE, SIZE) and image.mode == "RGB"
     assert stdout.count("wrote ") == 1, stdout  # rank 0 alone saves and reports
     assert "steps in" in stdout and "MB/step sent" in stdout, stdout
