@@ -98,7 +98,6 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, arg
     assert left == [], "no output, log or store is left"
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.timeout(300)
 def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(tmp_path):
     out = tmp_path / "circle.png"
@@ -109,6 +108,7 @@ def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(tmp_path):
     assert re.match(peak, done.stdout.splitlines()[-1]), done.stdout
 
 
+@pytest.mark.timeout(120)
 def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
     import imageio.v3 as iio
 
