@@ -246,6 +246,13 @@ def clear_parallel_config(model: nn.Module, config) -> None:
         del model._parallel_config  # back to ModelMixin's None
 
 
+def derived_context_parallel_meshes(cp_config) -> list:
+    """The device meshes ``ContextParallelConfig.setup`` made from the given one (the sequence dimensions
+    flattened into one, a process group of its own when there are other dimensions), kept in a private field."""
+    flattened = getattr(cp_config, "_flattened_mesh", None)
+    return [] if flattened is None else [flattened]
+
+
 # Pipelines.
 
 

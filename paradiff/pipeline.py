@@ -37,7 +37,7 @@ from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
 from .runtime.distributed import RankGroup, can_join_world, ensure_process_group, env_world_size, local_device
 from .runtime.liveness import start_heartbeat
-from .runtime.mesh import build_mesh
+from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.step_state import StepState
 from .stage_loading import check_loaded_stage
 from .strategies import strategy_class
@@ -78,6 +78,8 @@ class ParallelState:
     strategy_part: ParallelPart | None
     cfg_part: ParallelPart | None
     decoder_part: ParallelPart | None
+    #: The process groups parallelize made (shut down by unparallelize).
+    groups: MeshGroups
     #: The failure of a call that lost a peer rank: its process groups are broken, so later calls fail at once.
     lost: PeerFailure | None = None
     #: With ``strategy="auto"``: what it picked and why (:func:`plan_of`).
@@ -325,7 +327,9 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if config.parallel_vae and isinstance(decoder, nn.Module):
         decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
     world = _exact_communicator(groups.world)
-    pipe._paradiff = ParallelState(config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part)
+    pipe._paradiff = ParallelState(
+        config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part, groups
+    )
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
 
@@ -347,10 +351,11 @@ def _exact_communicator(ranks) -> Communicator:
 
 
 def unparallelize(pipe):
-    """Undo :func:`parallelize` on this instance: hooks, processors and class are restored.
+    """Undo :func:`parallelize` on this instance: hooks, processors and class are restored, and the process
+    groups it made are shut down (the default group stays).
 
-    With ``strategy="pipefusion"`` it is a collective (each stage's blocks come back from the rank that
-    kept them): call it on every rank, as ``parallelize``.
+    Call it on every rank, as ``parallelize``: with ``strategy="pipefusion"`` it is a collective (each
+    stage's blocks come back from the rank that kept them).
     """
     state = getattr(pipe, "_paradiff", None)
     if isinstance(state, AutoState):
@@ -362,6 +367,8 @@ def unparallelize(pipe):
     for part in reversed(state.parts):
         part.comm.state.begin_run()
         part.installed.remove()
+    if state.lost is None:  # a lost peer's groups are broken: shutting them down could wait on it
+        state.groups.destroy()
     pipe.__class__ = state.original_class
     del pipe._paradiff
     return pipe

@@ -377,7 +377,9 @@ def _build_latte(seed: int) -> tuple:
         video_length=2,
     )
     vae = AutoencoderKL()
-    pipe = LattePipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=DDIMScheduler(clip_sample=False))
+    pipe = LattePipeline(
+        tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=DDIMScheduler(clip_sample=False)
+    )
     gen = torch.Generator().manual_seed(seed)
     kwargs = _common(
         **_prompts(gen, 32),

@@ -41,7 +41,12 @@ def compiled_against_uncompiled(family: str, strategy: str, warmup_steps: int) -
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("family", "strategy", "warmup_steps"),
-    [("pixart", "cfg", STEPS), ("pixart", "ulysses", STEPS), ("pixart", "pipefusion", STEPS), ("pixart", "pipefusion", 1)],
+    [
+        ("pixart", "cfg", STEPS),
+        ("pixart", "ulysses", STEPS),
+        ("pixart", "pipefusion", STEPS),
+        ("pixart", "pipefusion", 1),
+    ],
     ids=["cfg", "ulysses", "pipefusion-exact", "pipefusion-displaced"],
 )
 def test_a_compiled_denoiser_computes_what_the_uncompiled_one_does(pool2, family, strategy, warmup_steps):

@@ -86,6 +86,30 @@ def test_unparallelize_restores_the_model(pool2, family):
         assert result["model_config"] is None and result["instance_attributes"] == []
 
 
+def threads_after_cycles(cycles: int) -> list[int]:
+    """This process's thread count after each parallelize / call / unparallelize cycle (garbage collected)."""
+    import gc
+
+    import psutil
+
+    pipe, counts = build_pipeline("pixart"), []
+    for _ in range(cycles):
+        pipe = paradiff.parallelize(pipe, strategy="ulysses", cfg_parallel=True)
+        generate(pipe, prompt_inputs(pipe, "pixart"), 64, 1)
+        paradiff.unparallelize(pipe)
+        gc.collect()
+        counts.append(psutil.Process().num_threads())
+    return counts
+
+
+@pytest.mark.timeout(120)
+def test_unparallelize_shuts_down_the_groups_it_made(pool4):
+    """The world, CFG-pair, half and one-rank groups of ulysses × cfg at 4 ranks: gloo keeps threads per group,
+    so groups left behind would add threads at every cycle."""
+    for counts in pool4.run(threads_after_cycles, 4):
+        assert counts[1:] == counts[:1] * 3, counts
+
+
 def size_error(family: str, size: int, text_tokens: int | None = None) -> dict:
     """A call whose tokens do not split fails with the same message on every rank; a good call still works."""
     pipe = paradiff.parallelize(build_pipeline(family), strategy="ulysses")

@@ -151,3 +151,17 @@ class RankGroup:
 
     def global_rank(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)
+
+    def process_groups(self) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+        return self.group, self.background
+
+
+def destroy_groups(*groups: dist.ProcessGroup) -> None:
+    """Shut down paradiff's own process groups (each once; the default group is the user's and stays).
+
+    Local to this rank. Gloo keeps threads and sockets per group until it is shut down, so a process
+    that parallelizes many pipelines would otherwise accumulate them, and their polling, for good.
+    """
+    for group in {id(group): group for group in groups}.values():
+        if group is not dist.GroupMember.WORLD and group is not dist.group.WORLD:
+            dist.destroy_process_group(group)

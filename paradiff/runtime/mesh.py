@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .distributed import RankGroup
+from .distributed import RankGroup, destroy_groups
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,14 @@ class MeshGroups:
     cfg: RankGroup | None
     #: The D ranks of this rank's batch half that run the strategy; None when D = 1 (the cfg split alone).
     strategy: RankGroup | None
+
+    def process_groups(self) -> list[dist.ProcessGroup]:
+        ranks = [groups for groups in (self.world, self.cfg, self.strategy) if groups is not None]
+        return [group for groups in ranks for group in groups.process_groups()]
+
+    def destroy(self) -> None:
+        """Shut down every group of the mesh on this rank (call on every rank, once nothing runs over them)."""
+        destroy_groups(*self.process_groups())
 
 
 def build_mesh(cfg: int, degree: int, world: RankGroup) -> MeshGroups:
@@ -67,3 +75,11 @@ def context_parallel_mesh(groups: MeshGroups, sequence_dim: str, device_type: st
         shape, dims, names = (2, *shape), [groups.cfg.group, *dims], ("cfg", *names)
     ranks = torch.arange(groups.world.size).view(shape)
     return DeviceMesh.from_group(dims, device_type, mesh=ranks, mesh_dim_names=names)
+
+
+def release_context_parallel_mesh(meshes: list[DeviceMesh], groups: MeshGroups) -> None:
+    """Shut down the groups of ``meshes`` (:func:`context_parallel_mesh`'s, and those diffusers derives from it,
+    such as its flattened sequence mesh) that are not ``groups``' own: those stay for :meth:`MeshGroups.destroy`."""
+    own = {id(group) for group in groups.process_groups()}
+    made = [mesh.get_group(dim) for mesh in meshes for dim in range(mesh.ndim)]
+    destroy_groups(*(group for group in made if id(group) not in own))
