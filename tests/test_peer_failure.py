@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from peer_failure_job import FAILING_STEP, TIMEOUT_S, run_rank
 
@@ -29,6 +31,24 @@ def _alive(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{pid}").exists() else "X"
     return state not in ("Z", "X")
+
+
+def _sigterm_pending(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(mask & 1 << (signal.SIGTERM - 1) for mask in masks)
+
+
+def _wake_stopped(pid: int, within_s: float = 60) -> None:
+    """SIGCONT to the stopped processes under ``pid`` once torchrun's SIGTERM waits on them, so they end at it
+    (woken earlier, a rank would go on and report too)."""
+    deadline = time.monotonic() + within_s
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
+            if child.status() == psutil.STATUS_STOPPED:
+                while not _sigterm_pending(child.pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                child.send_signal(signal.SIGCONT)
 
 
 def _check_failure(report: dict, mode: str) -> None:
@@ -76,7 +96,11 @@ def test_a_lost_rank_is_named_under_torchrun(mode):
         start_new_session=True,
     )
     try:
+        if mode == "stop":
+            first = launched.stdout.readline()  # the survivor's; torchrun's SIGTERM cannot end a stopped rank,
+            _wake_stopped(launched.pid)  # so torchrun would wait out its 30 s grace before SIGKILL
         out, err = launched.communicate(timeout=150)
+        out = first + out if mode == "stop" else out
     finally:
         os.killpg(launched.pid, signal.SIGKILL) if launched.poll() is None else None
     seconds = time.monotonic() - start
