@@ -218,6 +218,27 @@ def test_plan_times_this_machine_for_a_model_it_can_load():
     assert "not run: pipefusion: strategy='pipefusion' does not support UNet2DConditionModel" in out
 
 
+def overlap_with_ranks_apart() -> float:
+    """The overlap timing when the ranks measured very different call times (so would want different counts)."""
+    import time
+
+    import torch.distributed as dist
+
+    from paradiff.plan.calibrate import _overlap
+
+    alone_s = 0.002 if dist.get_rank() == 0 else 0.02
+    cpu = torch.device("cpu")
+    return _overlap(lambda: time.sleep(alone_s), cpu, cpu, dist.get_world_size(), alone_s, link_s=0.001)
+
+
+@pytest.mark.timeout(120)
+def test_the_overlap_timing_issues_the_same_transfers_on_every_rank(pool2):
+    """Each rank wanted its own number of all-gathers (1 and 10 here): the ranks' collectives then mismatched, and
+    ``paradiff plan`` on the built-in video model died in gloo. They agree on the count first."""
+    for overlap in pool2.run(overlap_with_ranks_apart, timeout_s=90):
+        assert 0.0 <= overlap <= 1.0
+
+
 def auto_against_one_device(fidelity: str) -> dict:
     import numpy as np
 

@@ -69,10 +69,13 @@ def _overlap(
 ) -> float:
     """Share of background all-gathers' time (of tensors on ``link_device``) that a denoiser call running meanwhile
     on ``device`` hides: as many all-gathers as take about half the call (at least one), so that the call's own
-    jitter does not swamp them."""
+    jitter does not swamp them. The ranks timed the call and the link apart, so they agree on the count first
+    (the most any rank wants): every rank must issue the same all-gathers."""
     big = torch.zeros(LINK_BYTES // 4, device=link_device)
     pieces = [torch.empty_like(big) for _ in range(nproc)]
-    count = max(1, min(OVERLAP_TRANSFERS, round(alone_s / 2 / link_s)))
+    wanted = torch.tensor([max(1, min(OVERLAP_TRANSFERS, round(alone_s / 2 / link_s)))], device=link_device)
+    dist.all_reduce(wanted, op=dist.ReduceOp.MAX)
+    count = int(wanted.item())
 
     def both():
         works = [dist.all_gather(pieces, big, async_op=True) for _ in range(count)]
