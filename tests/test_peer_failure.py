@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -160,3 +161,35 @@ def test_the_heartbeat_stops_before_the_interpreter_exits(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["beating: True", "beating at exit: False"], done.stdout
+
+
+GROUP_AT_EXIT = """
+import atexit, os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from paradiff.runtime.distributed import ensure_process_group
+from paradiff.runtime.liveness import start_heartbeat
+
+atexit.register(lambda: print("group at exit:", dist.is_initialized()))  # runs last
+if sys.argv[1] == "user":
+    dist.init_process_group("gloo", init_method="env://")
+ensure_process_group(timedelta(seconds=30))
+start_heartbeat()
+print("group:", dist.is_initialized())
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("made_by", "at_exit"), [("paradiff", "False"), ("user", "True")])
+def test_a_group_paradiff_made_is_destroyed_at_exit_and_a_users_group_is_left(made_by, at_exit):
+    """torch.distributed asks whoever creates the default group to destroy it before exit (NCCL warns otherwise)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torchrun = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {**os.environ, **torchrun, "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run(
+        [sys.executable, "-c", GROUP_AT_EXIT, made_by], capture_output=True, text=True, env=env, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["group: True", f"group at exit: {at_exit}"], done.stdout

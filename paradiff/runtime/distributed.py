@@ -12,6 +12,7 @@ sends through host memory (:class:`~paradiff.runtime.comm.HostStaging`).
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -59,7 +60,11 @@ def can_join_world() -> bool:
 
 
 def ensure_process_group(timeout: timedelta) -> None:
-    """Create the default process group from the torchrun environment if none exists yet."""
+    """Create the default process group from the torchrun environment if none exists yet.
+
+    A group made here is also destroyed here, at interpreter exit, as torch.distributed asks of whoever
+    creates one (NCCL warns otherwise); a group the caller made stays the caller's.
+    """
     if dist.is_initialized():
         return
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
@@ -75,6 +80,12 @@ def ensure_process_group(timeout: timedelta) -> None:
         dist.init_process_group("nccl", timeout=timeout, device_id=device)
     else:
         dist.init_process_group("gloo", timeout=timeout)
+    atexit.register(_destroy_default_group)
+
+
+def _destroy_default_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 #: gloo carries message tags as 32-bit signed integers.
