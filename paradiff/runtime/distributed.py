@@ -174,5 +174,5 @@ def destroy_groups(*groups: dist.ProcessGroup) -> None:
     that parallelizes many pipelines would otherwise accumulate them, and their polling, for good.
     """
     for group in {id(group): group for group in groups}.values():
-        if group is not dist.GroupMember.WORLD and group is not dist.group.WORLD:
+        if group is not dist.group.WORLD:
             dist.destroy_process_group(group)
