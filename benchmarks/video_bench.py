@@ -21,7 +21,8 @@ window, as one device runs it). One device (a fresh process) against ``dualparal
 ``patch`` and ``parastep`` on 2 ranks: latency, the resident high-water mark per rank during the call (weights
 included) and its growth over the call's start (working memory), PSNR of the latents against one device, and
 flicker, the mean absolute change of the latents from one frame to the next (the one device's in the first row
-of each length). A strategy that refuses the pipeline or fails on it gets a row saying why.
+of each length). A strategy that refuses the pipeline or fails on it gets a row saying why. Beside each
+``dualparal`` row, the speedup ``paradiff plan`` predicts for it, timed on the same 2 ranks just before.
 """
 
 from __future__ import annotations
@@ -159,6 +160,27 @@ def long_video(strategy: str | None, options: dict, latent_frames: int, steps: i
     }
 
 
+def long_video_plan(latent_frames: int, steps: int, size: int) -> dict | None:
+    """``paradiff plan``'s predicted speedups of the ``dualparal`` rows (timed on these ranks); rank 0 returns them."""
+    from paradiff.plan.job import PlanJob
+    from paradiff.plan.on_ranks import plan_pipeline
+
+    torch.set_num_threads(1)
+    pipe = build_df_pipeline(7, **SKYREELS_30M)
+
+    def call(height: int, call_steps: int, output_type: str):
+        return pipe(**df_call(latent_frames=latent_frames, size=height, steps=call_steps))  # latents, as timed
+
+    fresh_warmup = 10**6  # past the loop's end: fresh at every iteration
+    job = PlanJob("skyreels-df", nproc=2, steps=steps, strategies=("dualparal",), warmups=(2, fresh_warmup))
+    with torch.no_grad():
+        plan = plan_pipeline(pipe, call, size, job, torch.device("cpu"))
+    if plan is None:
+        return None
+    warmups = {row.warmup_steps: row.predicted_speedup for row in plan.predictions}
+    return {"dualparal (fresh)": warmups[fresh_warmup], "dualparal (displaced)": warmups[2]}
+
+
 def flicker(latents: np.ndarray) -> float:
     """Mean absolute change of ``(1, channels, frames, rows, cols)`` latents from one frame to the next."""
     return float(frame_changes(np.moveaxis(latents[0], 1, 0)).mean())
@@ -198,6 +220,8 @@ def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
             base = pool.run(long_video, None, {}, *shape)[0]
         with RankPool(1, timeout_s=7200, threads_per_rank=1) as pool:
             schedule = pool.run(long_video, "schedule", {}, *shape)[0]
+        with RankPool(2, timeout_s=7200, threads_per_rank=1) as pool:
+            predicted = pool.run(long_video_plan, *shape)[0]
         common = {"latent_frames": shape[0], "multiple": multiple}
         rows.append(_long_row(common, "one device", [base], base, schedule))
         rows.append(_long_row(common, "one-device schedule", [schedule], base, schedule))
@@ -207,17 +231,17 @@ def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
                     ranks = pool.run(long_video, strategy, options, *shape)
                 except RankFailure as failure:
                     ranks = [{"failed": f"fails: {str(failure).splitlines()[0]}"}]
-            rows.append(_long_row(common, label, ranks, base, schedule))
+            rows.append({**_long_row(common, label, ranks, base, schedule), "predicted_speedup": predicted.get(label)})
     print(
         f"Long videos: SkyReels-V2 diffusion-forcing DiT, {base['parameters'] / 1e6:.1f}M parameters, {size} px, "
         f"{steps} steps, blocks of 2 latent frames one level apart, CFG; one pass holds {one_pass} latent frames; "
         "2 ranks; PSNR of the latents against one device (stock) and against the one-device schedule"
     )
     print(
-        "| latent frames | strategy | latency s | speedup | peak MB/rank | working MB/rank | PSNR dB | "
+        "| latent frames | strategy | latency s | speedup | predicted | peak MB/rank | working MB/rank | PSNR dB | "
         "PSNR vs schedule dB | flicker |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
     def decibels(value) -> str:
         return "—" if value is None else "∞" if value == float("inf") else f"{value:.1f}"
@@ -225,10 +249,11 @@ def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
     for row in rows:
         frames = f"{row['latent_frames']} ({row['multiple']}×)"
         if "failed" in row:
-            print(f"| {frames} | {row['strategy']} | {row['failed'].splitlines()[0][:160]} | | | | | | |")
+            print(f"| {frames} | {row['strategy']} | {row['failed'].splitlines()[0][:160]} | | | | | | | |")
             continue
+        predicted = "—" if row.get("predicted_speedup") is None else f"{row['predicted_speedup']:.2f}x"
         print(
-            f"| {frames} | {row['strategy']} | {row['latency_s']:.1f} | {row['speedup']:.2f}x "
+            f"| {frames} | {row['strategy']} | {row['latency_s']:.1f} | {row['speedup']:.2f}x | {predicted} "
             f"| {row['peak_mb_per_rank']:.0f} | {row['working_mb_per_rank']:.0f} | {decibels(row['psnr_db'])} "
             f"| {decibels(row['psnr_schedule_db'])} | {row['flicker']:.4f} |"
         )

@@ -23,7 +23,15 @@ from .cli_generate import DTYPES, GenerateJob, generate_on_rank, output_kind
 from .cli_output import quiet_output, summary_lines, times_sign
 from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, ranks_to_use, run_on_ranks, under_torchrun
-from .loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model, default_size, default_strategy
+from .loading import (
+    ALLOW_PICKLE_FLAG,
+    DEFAULT_MODEL,
+    MODEL_NAMES,
+    call_arguments,
+    check_model,
+    default_size,
+    default_strategy,
+)
 from .plan.architectures import architecture_names
 from .plan.hardware import hardware_names
 from .strategies import strategy_names
@@ -96,6 +104,7 @@ def generate(args: argparse.Namespace) -> int:
         guidance=args.guidance,
         negative_prompt=args.negative_prompt,
         allow_pickle=args.allow_pickle,
+        call=call_arguments(args.call),
     )
     _check_out(job.out)
     with quiet_output(args.verbose, libraries=False):
@@ -159,6 +168,7 @@ def plan(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         threads=_threads_per_rank(args),
         allow_pickle=args.allow_pickle,
+        call=call_arguments(args.call),
     )
     if job.nproc < 2:
         raise ParadiffError("a plan compares N ranks with one device; use --nproc 2 or more")
@@ -225,6 +235,13 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     parser.add_argument("--threads", type=int, help="torch threads per rank (default, or 0: CPU cores / ranks)")
+    parser.add_argument(
+        "--call",
+        action="append",
+        metavar="KEY=VALUE",
+        help="another argument of the pipeline's call, e.g. --call causal_block_size=5 (VALUE read as JSON: numbers, "
+        "true, lists; else a string); repeatable",
+    )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show third-party warnings and logs, and every rank's output"
     )

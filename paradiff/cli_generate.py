@@ -51,6 +51,8 @@ class GenerateJob:
     guidance: float | None = None
     negative_prompt: str | None = None
     allow_pickle: bool = False
+    #: More arguments of the pipeline's call (``--call``), as ``(key, value)`` pairs.
+    call: tuple = ()
 
     @property
     def phase(self) -> str:
@@ -216,7 +218,9 @@ def generate_on_rank(job: GenerateJob) -> dict:
             pipe = load_stage_pipeline(job.model, dtype=dtype, device=device)
         else:
             pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
-    inputs = prompt_kwargs(pipe, job.model, job.prompt, guidance=job.guidance, negative_prompt=job.negative_prompt)
+    inputs = prompt_kwargs(
+        pipe, job.model, job.prompt, guidance=job.guidance, negative_prompt=job.negative_prompt, extra=job.call
+    )
     plan = plan_generate(pipe, job, inputs)
 
     def draw(label: str):

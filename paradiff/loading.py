@@ -202,13 +202,51 @@ def default_strategy(model: str) -> str:
     return "cfg" if model in TRAINED_MODELS else "patch"
 
 
+#: Call arguments the command line sets itself, and the option that sets each.
+SET_BY_OPTIONS = {
+    "prompt": "the prompt",
+    "height": "--size",
+    "width": "--size",
+    "num_inference_steps": "--steps",
+    "generator": "--seed",
+    "output_type": "the output file",
+    "guidance_scale": "--guidance",
+    "negative_prompt": "--negative-prompt",
+    "num_frames": "--frames",
+    "video_length": "--frames",
+}
+
+
+def call_arguments(items: list[str] | None) -> tuple[tuple[str, object], ...]:
+    """``--call KEY=VALUE`` items as ``(key, value)`` pairs; VALUE is read as JSON (numbers, true, lists...) or else
+    kept as a string."""
+    pairs = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ParadiffError(f"--call takes KEY=VALUE, e.g. --call causal_block_size=5; got {item!r}")
+        if key in SET_BY_OPTIONS:
+            raise ParadiffError(f"--call {key}=...: {key} is set by {SET_BY_OPTIONS[key]}; use that instead")
+        try:
+            pairs[key] = json.loads(text)
+        except ValueError:
+            pairs[key] = text
+    return tuple(pairs.items())
+
+
 def prompt_kwargs(
-    pipe, model: str, prompt: str, guidance: float | None = None, negative_prompt: str | None = None
+    pipe,
+    model: str,
+    prompt: str,
+    guidance: float | None = None,
+    negative_prompt: str | None = None,
+    extra: tuple[tuple[str, object], ...] = (),
 ) -> dict:
     """The keyword arguments that make ``pipe`` draw ``prompt``.
 
     ``guidance`` (``guidance_scale``) defaults to the built-in models' own (2) and to the pipeline's
-    default otherwise; ``negative_prompt`` is passed only when given.
+    default otherwise; ``negative_prompt`` is passed only when given; ``extra`` (``--call``) adds arguments
+    the pipeline's call takes.
     """
     if model in RANDOM_MODELS:
         if negative_prompt is not None:
@@ -229,6 +267,12 @@ def prompt_kwargs(
         if "negative_prompt" not in call_parameters(pipe):
             raise ParadiffError(f"{type(pipe).__name__} takes no negative prompt")
         inputs["negative_prompt"] = negative_prompt
+    parameters = call_parameters(pipe)
+    for key, value in extra:
+        if key not in parameters:
+            takes = ", ".join(sorted(parameters - {"self", *SET_BY_OPTIONS}))
+            raise ParadiffError(f"--call {key}=...: {type(pipe).__name__} takes no argument {key!r}; it takes {takes}")
+        inputs[key] = value
     return inputs
 
 

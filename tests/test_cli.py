@@ -137,6 +137,8 @@ def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
         (["--out", "/nonexistent/dir/x.png"], "cannot write /nonexistent/dir/x.png"),
         (["--out", "x.png.txt"], "--out x.png.txt: paradiff writes images as .png"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--call", "causal_block_size"], "--call takes KEY=VALUE, e.g. --call causal_block_size=5; got"),
+        (["--call", "height=64"], "--call height=...: height is set by --size; use that instead"),
     ],
 )
 def test_bad_input(capsys, argv, message):
@@ -257,3 +259,17 @@ def test_from_pretrained_on_a_local_folder(tmp_path):
     inputs = prompt_inputs(loaded, "sd")
     images = loaded(**inputs, height=64, width=64, num_inference_steps=2, output_type="np").images
     assert images.shape == (1, 64, 64, 3)
+
+
+def test_call_arguments_reach_the_pipeline_call_and_unknown_ones_are_named():
+    from paradiff.loading import call_arguments, prompt_kwargs
+    from paradiff.tiny import build_pipeline
+
+    extra = call_arguments(["eta=0.5", "clip_skip=1", "cross_attention_kwargs={}", "eta=0.25", "prompt_2=a cat"])
+    assert extra == (("eta", 0.25), ("clip_skip", 1), ("cross_attention_kwargs", {}), ("prompt_2", "a cat"))
+    pipe = build_pipeline("sd")
+    inputs = prompt_kwargs(pipe, "random-sd", "a prompt", extra=extra[:3])
+    assert (inputs["eta"], inputs["clip_skip"], inputs["cross_attention_kwargs"]) == (0.25, 1, {})
+    named = r"--call prompt_2=\.\.\.: StableDiffusionPipeline takes no argument 'prompt_2'; it takes "
+    with pytest.raises(paradiff.ParadiffError, match=named):
+        prompt_kwargs(pipe, "random-sd", "a prompt", extra=extra)

@@ -285,3 +285,84 @@ def test_auto_refuses_options_it_decides_itself():
         paradiff.parallelize(pipe, strategy="auto", cfg_parallel=True)
     with pytest.raises(paradiff.ParadiffError, match="fidelity must be 'exact' or 'displaced'"):
         paradiff.parallelize(pipe, strategy="auto", fidelity="close")
+
+
+def test_the_block_schedule_counts_the_blocks_in_flight_and_those_just_finished():
+    """Four blocks of 2 frames, 4 steps, each block one level behind the one before (``ar_step=1``)."""
+    from paradiff.plan.frame_blocks import schedule_counts
+
+    moving = [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]]
+    mask = torch.tensor(moving).repeat_interleave(2, dim=1)
+    assert schedule_counts(mask, 2) == ((2, 3, 4, 4, 3, 2, 1), (0, 0, 0, 0, 1, 1, 1))
+
+
+def test_dualparal_costs_each_iteration_as_its_passes_through_the_stages():
+    from paradiff.plan.frame_blocks import BlockLoop
+
+    window = _workload(flops=8e12, unit_flops=(4e12, 4e12), unit_output_bytes=(0.0, 0.0), latent_bytes=0.0)
+    block = _workload(flops=2e12, unit_flops=(1e12, 1e12), unit_output_bytes=(0.0, 0.0), latent_bytes=0.0)
+    loop = BlockLoop(block, 0.5, in_flight=(1, 2, 2, 1), finished=(0, 0, 1, 1), blocks=3)
+    stage_s, outside_s = 0.5, 0.0  # half of a half-block pass's stack (1e12 FLOPs at 1e12/s); no embeddings
+    fresh = predict(window, HARDWARE, "float16", "dualparal", 2, 2, 100, blocks=loop)
+    passes = (1, 2, 3, 2)  # fresh: the block that just finished runs once more
+    assert fresh.predicted_step_s == pytest.approx(sum((p + 1) * stage_s + p * outside_s for p in passes) / 4)
+    assert fresh.predicted_speedup == pytest.approx(8.0 / fresh.predicted_step_s)  # one device: the window, 8 s
+    assert not fresh.exact  # three blocks: the second no longer sees the first, as the model's mask has it
+    displaced = predict(window, HARDWARE, "float16", "dualparal", 2, 2, 0, blocks=loop)
+    first, rest = 2 * stage_s, sum((p + 1) * stage_s for p in (2, 2, 1))  # iteration 0 fresh, then in flight only
+    assert displaced.predicted_step_s == pytest.approx((first + rest) / 4)
+    cfg = predict(window, HARDWARE, "float16", "cfg", 2, 2, 0, blocks=loop)
+    assert cfg.predicted_total_s == pytest.approx(4 * 4.0)  # half the window, the loop's 4 iterations (not 2 steps)
+    with pytest.raises(ValueError, match="without its block loop"):
+        predict(window, HARDWARE, "float16", "dualparal", 2, 2, 0)
+
+
+def dualparal_bytes(warmup: int) -> tuple[float, float]:
+    """(predicted, measured on this rank) bytes per iteration of ``dualparal`` on the tiny diffusion-forcing video."""
+    from skyreels_pipelines import build_df_pipeline, df_call
+
+    import paradiff
+    from paradiff.plan.frame_blocks import block_loop
+
+    pipe = build_df_pipeline()
+
+    def call():
+        return pipe(**df_call(latent_frames=8, steps=4))
+
+    workload, _ = pipeline_workload(pipe, call)
+    loop = block_loop(pipe, call, torch.float32)
+    assert (loop.iterations, loop.blocks, loop.fraction) == (4 + 4 - 1, 4, 0.5)
+    prediction = predict(workload, HARDWARE, "float16", "dualparal", 2, 4, warmup, blocks=loop)  # bytes: any rate
+    pipe = paradiff.parallelize(pipe, strategy="dualparal", warmup_steps=warmup)
+    call()
+    measured = paradiff.comm_stats(pipe)["bytes_per_step"]
+    paradiff.unparallelize(pipe)
+    return prediction.bytes_per_step, measured
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("warmup", [1, 100], ids=["displaced", "fresh"])
+def test_predicted_dualparal_bytes_are_what_its_busiest_rank_sends(pool2, warmup):
+    """The schedule read from the pipeline, the block's shapes and the stages' transfers, against the counters."""
+    results = pool2.run(dualparal_bytes, warmup)
+    assert results[0][0] == pytest.approx(max(measured for _, measured in results), rel=1e-6)
+
+
+def test_a_diffusion_forcing_plan_predicts_dualparal_and_refuses_parastep():
+    from skyreels_pipelines import build_df_pipeline, df_call
+
+    from paradiff.plan.job import PlanJob
+    from paradiff.plan.on_ranks import plan_pipeline
+    from paradiff.strategies.parastep import COPIED_SCHEDULER
+
+    pipe = build_df_pipeline()
+    job = PlanJob("skyreels-df", nproc=2, steps=3, hardware="h100-nvlink")
+    for blocks, expected in ((2, {"cfg", "dualparal"}), (1, {"cfg"})):
+
+        def call(height, steps, output_type, blocks=blocks):
+            return pipe(**df_call(size=height, steps=steps, causal_block_size=blocks, ar_step=blocks - 1))
+
+        plan = plan_pipeline(pipe, call, 32, job, torch.device("cpu"))
+        assert {row.strategy for row in plan.predictions} == expected
+        assert plan.refused["parastep"] == COPIED_SCHEDULER
+    assert "--call causal_block_size=N" in plan.refused["dualparal"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from ..config import ParallelConfig
 from ..errors import ParadiffError
-from ..loading import check_model, default_size
+from ..loading import call_arguments, check_model, default_size
 from ..strategies import strategy_class
 
 
@@ -43,6 +44,8 @@ class BenchJob:
     seed: int
     threads: int
     out: str
+    #: More arguments of the pipeline's call (``--call``), as ``(key, value)`` pairs.
+    call: tuple = ()
 
     def runs(self) -> list[RunSpec]:
         """The baseline first, then every strategy × warm-up in the order given (once for exact strategies)."""
@@ -67,7 +70,8 @@ class BenchJob:
             "--out": self.out,
         }
         given = {option: value for option, value in options.items() if value is not None}
-        return shlex.join(["paradiff", "bench", *(str(part) for item in given.items() for part in item)])
+        calls = [part for key, value in self.call for part in ("--call", f"{key}={json.dumps(value)}")]
+        return shlex.join(["paradiff", "bench", *(str(part) for item in given.items() for part in item), *calls])
 
 
 def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
@@ -93,6 +97,7 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
         seed=args.seed,
         threads=threads,
         out=args.out,
+        call=call_arguments(args.call),
     )
 
 

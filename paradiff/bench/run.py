@@ -66,7 +66,7 @@ def bench_on_rank(job: BenchJob) -> BenchResults | None:
     pipe = load_pipeline(job.model).to(local_device())
     pipe.set_progress_bar_config(disable=rank != 0)
     prompts = bench_prompts(job.prompts, video=makes_video(pipe))
-    inputs = [prompt_kwargs(pipe, job.model, prompt) for prompt in prompts]
+    inputs = [prompt_kwargs(pipe, job.model, prompt, extra=job.call) for prompt in prompts]
     specs = job.runs()
     _preflight(pipe, job, specs[1], inputs[0])
     runs = []

@@ -18,6 +18,12 @@ compute as far as the machine allows (:attr:`Hardware.overlap`). What each strat
 * ``asyncdiff``: warm-up steps whole on every rank; then each rank runs one component (the contiguous cut
   of the units into N of about equal FLOPs). Every step, warm-up too, each component sends the hidden
   states that cross its border, and the last component's prediction is broadcast.
+* ``dualparal`` (a diffusion-forcing pipeline's loop, :mod:`paradiff.plan.frame_blocks`): each call runs
+  one pass of a frame block per block in flight (fresh: one more per block just finished) through 1/N of
+  the blocks, in passes + N − 1 slots; the embeddings and head run per pass on every rank; each pass's
+  hidden states go to the next stage, and the last stage sends the prediction of the blocks in flight to
+  every rank. One device runs the whole window
+  at every iteration, and the loop is the pipeline's iterations, not its steps.
 * the CFG split: each group computes half the batch; the halves' predictions are gathered.
 
 A pipeline that makes two calls per step (two-call CFG, :attr:`Workload.calls_per_step`) costs twice one
@@ -28,11 +34,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .frame_blocks import BlockLoop
 from .hardware import Hardware
 from .workload import Workload
 
 #: Strategies :func:`predict` models.
-MODELLED = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses", "ring")
+MODELLED = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses", "ring", "dualparal")
 #: Strategies whose result equals one device's whatever the warm-up.
 EXACT = ("cfg", "ulysses", "ring")
 
@@ -81,6 +88,28 @@ class _Step:
     sync_bytes: float
     displaced_bytes: float
     memory_bytes: float
+
+    def loop(self, synced: int, iterations: int) -> tuple[float, float]:
+        """Seconds and bytes of a loop whose first ``synced`` iterations wait for their transfers."""
+        rest = iterations - synced
+        return (
+            synced * self.sync_s + rest * self.displaced_s,
+            synced * self.sync_bytes + rest * self.displaced_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """``dualparal``'s iterations, which differ: ``(seconds, bytes)`` of each, fresh and displaced."""
+
+    fresh: tuple[tuple[float, float], ...]
+    displaced: tuple[tuple[float, float], ...]
+    memory_bytes: float
+
+    def loop(self, synced: int, iterations: int) -> tuple[float, float]:
+        """Seconds and bytes of the loop whose first ``synced`` iterations run fresh."""
+        chosen = [*self.fresh[:synced], *self.displaced[synced:iterations]]
+        return sum(s for s, _ in chosen), sum(b for _, b in chosen)
 
 
 class _Machine:
@@ -212,6 +241,26 @@ def _parastep(m: _Machine, groups: int, n: int) -> _Step:
     return _Step(call, per_step, 0.0, nbytes / n, m.weights)
 
 
+def _dualparal(m: _Machine, b: _Machine, groups: int, n: int, loop: BlockLoop) -> _Passes:
+    """``m``: the window's call (one device's); ``b``: one block pass's traced call, of which ``loop.fraction``."""
+    w, f = b.w, loop.fraction
+    stage = b.compute(w.stack_flops * f / groups / n, calls=1 / n)
+    outside = b.compute((w.flops - w.stack_flops) * f / groups, calls=0)  # embeddings and head, every pass
+    hidden = max(w.unit_output_bytes, default=0.0) * f / groups
+    prediction = w.latent_bytes * f / groups * (n - 1)
+
+    def iteration(flight: int, done: int) -> tuple[float, float]:
+        passes = flight + done
+        compute = (passes + n - 1) * stage + passes * outside
+        nbytes = max(passes * hidden, flight * prediction)  # a stage's hidden states; the last one's predictions
+        return b.displaced(compute, b.transfer(nbytes, 2 * b.calls * passes)), nbytes
+
+    fresh = tuple(iteration(flight, done) for flight, done in zip(loop.in_flight, loop.finished, strict=True))
+    displaced = tuple(iteration(flight, 0) for flight in loop.in_flight)
+    weights = (m.w.params - m.w.stack_params + m.w.stack_params / n) * m.w.itemsize
+    return _Passes(fresh, displaced, weights)
+
+
 def _cfg_only(m: _Machine) -> _Step:
     w = m.w
     nbytes = w.latent_bytes / 2
@@ -230,11 +279,17 @@ def predict(
     cfg_parallel: bool = False,
     fixed: Fixed = Fixed(),
     pipefusion_patches: int | None = None,
+    blocks: BlockLoop | None = None,
 ) -> Prediction:
-    """The predicted call of ``strategy`` on ``nproc`` ranks against one device, for ``steps`` steps."""
+    """The predicted call of ``strategy`` on ``nproc`` ranks against one device, for ``steps`` steps.
+
+    ``blocks``: the loop of a diffusion-forcing pipeline (``workload`` is then its window's call); its
+    iterations replace ``steps``, and ``dualparal`` needs it.
+    """
     groups = 2 if cfg_parallel or strategy == "cfg" else 1
     m = _Machine(workload, hardware, dtype, groups)
     n = nproc // groups
+    iterations = blocks.iterations if blocks is not None else steps
     if strategy == "cfg":
         step = _cfg_only(m)
     elif strategy == "patch":
@@ -247,25 +302,30 @@ def predict(
         step = _pipefusion(m, groups, n, pipefusion_patches)
     elif strategy == "parastep":
         step = _parastep(m, groups, n)
+    elif strategy == "dualparal" and blocks is not None:
+        step = _dualparal(m, _Machine(blocks.block, hardware, dtype, groups), groups, n, blocks)
     else:
-        raise ValueError(f"no cost model for strategy {strategy!r}")
+        raise ValueError(f"no cost model for strategy {strategy!r}{' without its block loop' * (blocks is None)}")
     cfg_bytes = m.w.latent_bytes / 2 if groups == 2 and strategy != "cfg" else 0.0  # a group's predictions
     cfg_gather = m.transfer(cfg_bytes, 1) if cfg_bytes else 0.0
-    synced = steps if strategy in EXACT else min(steps, warmup_steps + 1)
-    loop = synced * (step.sync_s + cfg_gather) + (steps - synced) * (step.displaced_s + cfg_gather)
+    synced = iterations if strategy in EXACT else min(iterations, warmup_steps + 1)
+    loop_s, loop_bytes = step.loop(synced, iterations)
+    loop = loop_s + iterations * cfg_gather
     decode = fixed.decode_s * hardware.shared_slowdown / nproc if fixed.decode_banded else fixed.decode_s
     total = fixed.encode_s + loop + decode
-    alone = fixed.encode_s + steps * one_device_step(workload, hardware, dtype) + fixed.decode_s
-    moved = (synced * step.sync_bytes + (steps - synced) * step.displaced_bytes) / steps
+    alone = fixed.encode_s + iterations * one_device_step(workload, hardware, dtype) + fixed.decode_s
+    exact = strategy in EXACT or synced == iterations
+    if strategy == "dualparal":  # fresh, it equals one device with each block seeing only its predecessor
+        exact = exact and blocks.blocks <= 2
     return Prediction(
         strategy=strategy,
         warmup_steps=warmup_steps,
         nproc=nproc,
         cfg_parallel=cfg_parallel and strategy != "cfg",
-        predicted_step_s=loop / steps,
+        predicted_step_s=loop / iterations,
         predicted_total_s=total,
         predicted_speedup=alone / total,
-        bytes_per_step=moved + cfg_bytes,
+        bytes_per_step=loop_bytes / iterations + cfg_bytes,
         memory_mb=step.memory_bytes / 2**20,
-        exact=strategy in EXACT or synced == steps,
+        exact=exact,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ParadiffError
 from .costs import MODELLED, Fixed, Prediction, predict
+from .frame_blocks import BlockLoop
 from .hardware import Hardware, hardware_names, hardware_profile
 from .workload import Workload
 
@@ -32,6 +33,8 @@ class PlanJob:
     dtype: str = "auto"
     threads: int = 1
     allow_pickle: bool = False
+    #: More arguments of the pipeline's call (``--call``), as ``(key, value)`` pairs.
+    call: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Plan:
     predictions: tuple[Prediction, ...]
     #: Strategy -> why it cannot run this model at this size on these ranks.
     refused: dict = field(default_factory=dict)
+    #: A diffusion-forcing pipeline's loop (its iterations, not ``steps``, are what the predictions count).
+    blocks: BlockLoop | None = None
 
     def best(self, exact: bool = True) -> Prediction | None:
         """The fastest predicted setting (among the exact ones with ``exact``); None if none runs."""
@@ -62,6 +67,7 @@ def predictions(
     job: PlanJob,
     runnable: dict,
     fixed: Fixed,
+    blocks: BlockLoop | None = None,
 ) -> tuple[Prediction, ...]:
     """Every runnable strategy × warm-up (exact strategies once), and with the CFG split on 4+ even ranks."""
     rows = []
@@ -70,7 +76,18 @@ def predictions(
         for cfg_parallel in cfg_options:
             for warmup in warmups:
                 rows.append(
-                    predict(workload, hardware, dtype, strategy, job.nproc, job.steps, warmup, cfg_parallel, fixed)
+                    predict(
+                        workload,
+                        hardware,
+                        dtype,
+                        strategy,
+                        job.nproc,
+                        job.steps,
+                        warmup,
+                        cfg_parallel,
+                        fixed,
+                        blocks=blocks,
+                    )
                 )
     return tuple(rows)
 

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from ..errors import ParadiffError
 from .calibrate import calibrate, fastest
 from .costs import Fixed
+from .frame_blocks import block_loop
 from .hardware import hardware_profile
 from .job import PLAN_PROMPT, Plan, PlanJob, predictions, runnable_strategies
-from .workload import pipeline_workload
+from .workload import denoiser_skipped, pipeline_workload
 
 
 def part_height(pipe, height: int, nproc: int) -> int:
@@ -42,7 +43,7 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
     dtype = torch_dtype(job.dtype, device)
     pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
     pipe.set_progress_bar_config(disable=True)
-    inputs = prompt_kwargs(pipe, job.model, PLAN_PROMPT)
+    inputs = prompt_kwargs(pipe, job.model, PLAN_PROMPT, extra=job.call)
     size = job.size or default_size(job.model) or default_height(pipe)
     if size is None:
         raise ParadiffError(f"{job.model} does not say what size it draws at; pass --size")
@@ -80,11 +81,16 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     from ..models import decoder_family_of, family_of
     from ..models.base import bind_inputs
     from ..pipeline import find_denoiser
+    from ..strategies.dualparal import frame_blocks_of
+    from ..strategies.parastep import COPIED_SCHEDULER
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     denoiser = find_denoiser(pipe)
     dtype = next(denoiser.parameters()).dtype
     workload, full = pipeline_workload(pipe, lambda: call(size, 2, "latent"), dtype)
+    family = family_of(denoiser, any_model=True)
+    forcing = frame_blocks_of(family) is not None and hasattr(pipe, "generate_timestep_matrix")  # diffusion forcing
+    blocks = block_loop(pipe, lambda: call(size, job.steps, "latent"), dtype) if forcing else None
     start = time.perf_counter()
     part_size = part_height(pipe, size, max(job.nproc, 2))
     part_workload, part = pipeline_workload(pipe, lambda: call(part_size, 2, "latent"), dtype)
@@ -98,8 +104,8 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     fixed = Fixed()
     if job.hardware is None:
         if rank == 0:
-            step_s = fastest(lambda: run(full), device) * workload.calls_per_step
-            decode_s = fastest(lambda: call(size, 1, "pil"), device, repeats=1) - encode_s - step_s
+            with denoiser_skipped(pipe, dtype):
+                decode_s = fastest(lambda: call(size, 1, "pil"), device, repeats=1) - encode_s
             decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
             banded = decoder is not None and decoder_family_of(decoder) is not None
             fixed = Fixed(encode_s=encode_s, decode_s=max(decode_s, 0.0), decode_banded=banded)
@@ -113,8 +119,14 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
         options = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
         paradiff.check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **options)
 
-    family = family_of(denoiser, any_model=True)
     latent_batch = bind_inputs(denoiser, full.args, full.kwargs).arguments[family.latent_arg].shape[0]
     runnable, refused = runnable_strategies(check, job, latent_batch % 2 == 0 or workload.calls_per_step == 2)
-    rows = predictions(workload, hardware, name, job, runnable, fixed)
-    return Plan(job.model, size, job.frames, job.steps, job.nproc, name, hardware, workload, fixed, rows, refused)
+    if blocks is None:
+        runnable.pop("dualparal", None)
+        refused.setdefault("dualparal", "the call schedules no frame blocks (--call causal_block_size=N with N > 1)")
+    if forcing and runnable.pop("parastep", None):
+        refused["parastep"] = COPIED_SCHEDULER
+    rows = predictions(workload, hardware, name, job, runnable, fixed, blocks)
+    return Plan(
+        job.model, size, job.frames, job.steps, job.nproc, name, hardware, workload, fixed, rows, refused, blocks
+    )

@@ -15,6 +15,7 @@ the strategies exchange:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -30,6 +31,7 @@ from ..models import family_of
 from ..models.base import bind_inputs
 
 CAPTURE_HOOK = "paradiff_plan_capture"
+SKIP_HOOK = "paradiff_plan_skip"
 
 
 @dataclass(frozen=True)
@@ -106,14 +108,34 @@ class Capture:
     calls_per_step: int = 1
 
 
-class _CaptureHook(ModelHook):
-    """Records the denoiser's first call and answers it with zeros shaped as the meta model's output (nothing is
-    computed); stops the pipeline call at the second call. Two-call CFG (a conditional and an unconditional
-    call per step, as Wan's pipeline makes) shows as a second call at the same timestep."""
+class _ZerosHook(ModelHook):
+    """Answers every denoiser call with zeros shaped as the meta model's output: nothing is computed."""
 
     def __init__(self, family, meta: nn.Module, dtype: torch.dtype):
         super().__init__()
         self.family, self.meta, self.dtype = family, meta, dtype
+        self.shapes: dict[tuple, torch.Size] = {}
+
+    def zeros(self, module, args: tuple, kwargs: dict) -> Transformer2DModelOutput:
+        latent = bind_inputs(module, args, kwargs).arguments[self.family.latent_arg]
+        if latent.shape not in self.shapes:
+            with torch.no_grad():
+                self.shapes[latent.shape] = self.meta(*on_meta(args, self.dtype), **on_meta(kwargs, self.dtype))[
+                    0
+                ].shape
+        return Transformer2DModelOutput(sample=latent.new_zeros(self.shapes[latent.shape]))
+
+    def new_forward(self, module, *args, **kwargs):
+        return self.zeros(module, args, kwargs)
+
+
+class _CaptureHook(_ZerosHook):
+    """Records the denoiser's first call and answers it with zeros; stops the pipeline call at the second call.
+    Two-call CFG (a conditional and an unconditional call per step, as Wan's pipeline makes) shows as a second
+    call at the same timestep."""
+
+    def __init__(self, family, meta: nn.Module, dtype: torch.dtype):
+        super().__init__(family, meta, dtype)
         self.first: Capture | None = None
 
     def new_forward(self, module, *args, **kwargs):
@@ -126,10 +148,26 @@ class _CaptureHook(ModelHook):
         self.first = Capture(args, kwargs, timestep)
         if timestep is None:
             raise _Captured
-        with torch.no_grad():
-            shape = self.meta(*on_meta(args, self.dtype), **on_meta(kwargs, self.dtype))[0].shape
-        latent = bound[self.family.latent_arg]
-        return Transformer2DModelOutput(sample=torch.zeros(shape, dtype=latent.dtype, device=latent.device))
+        return self.zeros(module, args, kwargs)
+
+
+@contextlib.contextmanager
+def denoiser_skipped(pipe, dtype: torch.dtype | None = None):
+    """Inside the block, ``pipe``'s denoiser computes nothing: every call returns zeros of its output's shape (what
+    is left of a pipeline call is its prompt encoding, scheduler and decode)."""
+    from ..pipeline import find_denoiser
+
+    denoiser = find_denoiser(pipe)
+    dtype = dtype or next(denoiser.parameters()).dtype
+    hook = _ZerosHook(
+        family_of(denoiser, any_model=True), meta_model(type(denoiser), dict(denoiser.config), dtype), dtype
+    )
+    registry = HookRegistry.check_if_exists_or_initialize(denoiser)
+    registry.register_hook(hook, SKIP_HOOK)
+    try:
+        yield pipe
+    finally:
+        registry.remove_hook(SKIP_HOOK, recurse=False)
 
 
 def capture_inputs(denoiser: nn.Module, family, meta: nn.Module, dtype: torch.dtype, call: Callable) -> Capture:
@@ -191,8 +229,14 @@ def _tensor_bytes(value) -> float:
     return 0.0
 
 
-def trace(model: nn.Module, args: tuple, kwargs: dict, token_rows: int, calls_per_step: int = 1) -> Workload:
-    """Call ``model`` (on the meta device) once on ``args``/``kwargs`` and read its costs."""
+def trace(
+    model: nn.Module, args: tuple, kwargs: dict, token_rows: int, calls_per_step: int = 1, units: list | None = None
+) -> Workload:
+    """Call ``model`` (on the meta device) once on ``args``/``kwargs`` and read its costs.
+
+    ``units``: ``(name, module)`` of the chain of blocks to cost one by one; by default the family's component
+    units (``pipefusion``'s and ``asyncdiff``'s), if it has them.
+    """
     family = family_of(model, any_model=True)
     itemsize = next(model.parameters()).element_size()
     kv, convs, norms = [], [], [0]
@@ -215,8 +259,8 @@ def trace(model: nn.Module, args: tuple, kwargs: dict, token_rows: int, calls_pe
             hooks.append(module.register_forward_pre_hook(read_conv))
         elif isinstance(module, nn.GroupNorm):
             hooks.append(module.register_forward_pre_hook(lambda *_: norms.__setitem__(0, norms[0] + 1)))
-    described = family.component_units(model) if family.described else None
-    units = list(described.units) if described is not None else []
+    described = family.component_units(model) if family.described and units is None else None
+    units = list(described.units) if described is not None else list(units or [])
     readers = [i + 1 for i in range(len(units))]
     for reader, producers in (described.skips if described is not None else {}).items():
         for producer in producers:

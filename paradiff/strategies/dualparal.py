@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -184,32 +185,41 @@ class DualParalInstallation(PipeFusionInstallation):
         super().__init__(model, strategy, comm, blocks, cut)
         self.schedule = schedule
 
-    @contextlib.contextmanager
     def steer(self, pipe):
-        """Wrap ``pipe.generate_timestep_matrix`` (this instance only) during one ``pipe(...)`` call: its schedule."""
+        """Read the pipeline's block schedules during one ``pipe(...)`` call (:func:`block_schedules`)."""
         self.schedule.begin_run()
-        stock = getattr(pipe, "generate_timestep_matrix", None)
-        if stock is None:
-            yield
-            return
-        shadowed = vars(pipe).get("generate_timestep_matrix")  # a wrapper someone else put on the instance
-        signature = inspect.signature(stock)
+        return block_schedules(pipe, functools.partial(self.schedule.read, pipe))
 
-        def recording(*args, **kwargs):
-            matrices = stock(*args, **kwargs)
-            arguments = signature.bind(*args, **kwargs)
-            arguments.apply_defaults()
-            self.schedule.read(pipe, arguments.arguments, matrices)
-            return matrices
 
-        pipe.generate_timestep_matrix = functools.update_wrapper(recording, stock)
-        try:
-            yield
-        finally:
-            if shadowed is None:
-                del pipe.generate_timestep_matrix
-            else:
-                pipe.generate_timestep_matrix = shadowed
+@contextlib.contextmanager
+def block_schedules(pipe, read: Callable[[dict, tuple], None]):
+    """Around ``pipe(...)``: ``read(arguments, matrices)`` for each block schedule the pipeline makes.
+
+    A diffusion-forcing pipeline makes its schedule with ``generate_timestep_matrix`` (one per window of a long
+    video); it is wrapped on this instance only, and the arguments are bound by name, defaults applied.
+    """
+    stock = getattr(pipe, "generate_timestep_matrix", None)
+    if stock is None:
+        yield
+        return
+    shadowed = vars(pipe).get("generate_timestep_matrix")  # a wrapper someone else put on the instance
+    signature = inspect.signature(stock)
+
+    def recording(*args, **kwargs):
+        matrices = stock(*args, **kwargs)
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        read(arguments.arguments, matrices)
+        return matrices
+
+    pipe.generate_timestep_matrix = functools.update_wrapper(recording, stock)
+    try:
+        yield
+    finally:
+        if shadowed is None:
+            del pipe.generate_timestep_matrix
+        else:
+            pipe.generate_timestep_matrix = shadowed
 
 
 @dataclass

@@ -37,6 +37,13 @@ from ..runtime.step_rounds import StepRounds
 from .base import Strategy
 from .installation import Installation
 
+#: Why ``parastep`` refuses a pipeline that copies its scheduler during the call.
+COPIED_SCHEDULER = (
+    "strategy='parastep' keeps the pipeline's one scheduler in step across ranks, and this pipeline copies its "
+    "scheduler during the call (one per frame block, as diffusion-forcing pipelines do); use strategy='dualparal' or "
+    "'cfg' for it"
+)
+
 
 class _RoundsStep(functools.partial):
     """The wrapped ``scheduler.step``; a copy of the scheduler made during the call is refused by name.
@@ -47,11 +54,7 @@ class _RoundsStep(functools.partial):
     """
 
     def __deepcopy__(self, memo):
-        raise ParadiffError(
-            "strategy='parastep' keeps the pipeline's one scheduler in step across ranks, and this pipeline copies "
-            "its scheduler during the call (one per frame block, as diffusion-forcing pipelines do); use "
-            "strategy='dualparal' or 'cfg' for it"
-        )
+        raise ParadiffError(COPIED_SCHEDULER)
 
 
 class ParaStepInstallation(Installation):
