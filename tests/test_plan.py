@@ -23,8 +23,13 @@ from paradiff.tiny import build_pipeline, prompt_inputs
 SIZE = 64
 
 
-def traced(family: str):
+def traced(family: str, layers: int | None = None):
+    """The tiny pipeline (a DiT of ``layers`` blocks if given) and its workload at ``SIZE`` px."""
     pipe = build_pipeline(family)
+    if layers is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            pipe.transformer = type(pipe.transformer).from_config({**pipe.transformer.config, "num_layers": layers})
     inputs = prompt_inputs(pipe, family)
 
     def call():
@@ -166,13 +171,15 @@ BYTES_CASES = [
 ]
 
 
-def bytes_sent(family: str, strategy: str) -> tuple[float, float]:
-    """(predicted, measured) bytes per step of rank 0, 6 steps at warm-up 1."""
+def bytes_sent(family: str, strategy: str, layers: int | None = None, **options) -> tuple[float, float]:
+    """(predicted, measured on this rank) bytes per step, 6 steps at warm-up 1."""
+    import torch.distributed as dist
+
     import paradiff
 
-    pipe, (workload, _) = traced(family)
-    prediction = predict(workload, HARDWARE, "float16", strategy, 2, 6, 1)
-    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=1)
+    pipe, (workload, _) = traced(family, layers)
+    prediction = predict(workload, HARDWARE, "float16", strategy, dist.get_world_size(), 6, 1, **options)
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=1, **options)
     pipe(**prompt_inputs(pipe, family), height=SIZE, width=SIZE, num_inference_steps=6, output_type="latent")
     measured = paradiff.comm_stats(pipe)["bytes_per_step"]
     paradiff.unparallelize(pipe)
@@ -187,11 +194,33 @@ def test_predicted_bytes_are_what_the_strategies_send(pool2):
         assert predicted == pytest.approx(measured, rel=tolerance), (family, strategy, predicted, measured)
 
 
+@pytest.mark.timeout(240)
+def test_predicted_bytes_of_asyncdiff_at_stride_2_are_what_its_busiest_rank_sends(pool4):
+    """Three components on four ranks, two steps per round: the extra rank and the last component each broadcast a
+    prediction per round."""
+    results = pool4.run(bytes_sent, "pixart", "asyncdiff", layers=3, asyncdiff_stride=2)
+    assert results[0][0] == pytest.approx(max(measured for _, measured in results), rel=0.05)
+
+
+def test_asyncdiff_at_stride_2_completes_two_steps_per_round_of_one_fewer_component():
+    w = _workload(unit_flops=(0.25e12,) * 4, unit_output_bytes=(0.0,) * 4, unit_last_reader=(1, 2, 3, 4))
+    for stride, components in ((1, 4), (2, 3)):
+        row = predict(w, HARDWARE, "float16", "asyncdiff", 4, 1001, 0, asyncdiff_stride=stride)
+        largest = 0.5 if components == 3 else 0.25  # four equal units: 2+1+1 or 1+1+1+1
+        link_s = stride * 1e6 * 3 / 4 / 1e9  # each round's broadcasts, the mean over the ranks
+        round_s = max(largest, link_s)  # a free link: the transfer hides behind the compute
+        assert row.predicted_step_s == pytest.approx((1.0 + 1000 * round_s / stride) / 1001)
+        assert row.options == ({"asyncdiff_stride": 2} if stride == 2 else {})
+        assert row.label == ("asyncdiff asyncdiff_stride=2" if stride == 2 else "asyncdiff")
+
+
 def test_plan_of_an_architecture_prints_json(capsys):
     assert main(["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--nproc", "8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     settings = {(row["strategy"], row["cfg_parallel"]) for row in rows}
     assert {("patch", False), ("patch", True), ("cfg", False), ("parastep", False)} <= settings
+    strides = {row["options"].get("asyncdiff_stride", 1) for row in rows if row["strategy"] == "asyncdiff"}
+    assert strides == {1, 2}
     for row in rows:
         assert {"strategy", "warmup_steps", "predicted_speedup", "predicted_step_s", "bytes_per_step", "exact"} <= set(
             row
@@ -353,6 +382,7 @@ def test_a_diffusion_forcing_plan_predicts_dualparal_and_refuses_parastep():
 
     from paradiff.plan.job import PlanJob
     from paradiff.plan.on_ranks import plan_pipeline
+    from paradiff.plan.report import plan_lines
     from paradiff.strategies.parastep import COPIED_SCHEDULER
 
     pipe = build_df_pipeline()
@@ -364,5 +394,6 @@ def test_a_diffusion_forcing_plan_predicts_dualparal_and_refuses_parastep():
 
         plan = plan_pipeline(pipe, call, 32, job, torch.device("cpu"))
         assert {row.strategy for row in plan.predictions} == expected
+        assert ("3 steps (6 iterations of frame blocks)" in plan_lines(plan)[0]) == (blocks == 2)
         assert plan.refused["parastep"] == COPIED_SCHEDULER
     assert "--call causal_block_size=N" in plan.refused["dualparal"]

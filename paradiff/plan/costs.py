@@ -15,9 +15,10 @@ compute as far as the machine allows (:attr:`Hardware.overlap`). What each strat
   every call); embeddings and head on every rank; each stage passes its patch's hidden states on.
 * ``parastep``: warm-up steps on every rank alike; then rounds of N steps, one call per rank, and the
   predictions gathered.
-* ``asyncdiff``: warm-up steps whole on every rank; then each rank runs one component (the contiguous cut
-  of the units into N of about equal FLOPs). Every step, warm-up too, each component sends the hidden
-  states that cross its border, and the last component's prediction is broadcast.
+* ``asyncdiff``: warm-up steps whole on every rank, sending nothing; then each rank runs one component
+  (the contiguous cut of the units into N of about equal FLOPs), sends the hidden states that cross its
+  border, and the last component's prediction is broadcast. At stride 2, N − 1 components complete two
+  steps per round, and the extra rank's prediction and the look-ahead one are both broadcast.
 * ``dualparal`` (a diffusion-forcing pipeline's loop, :mod:`paradiff.plan.frame_blocks`): each call runs
   one pass of a frame block per block in flight (fresh: one more per block just finished) through 1/N of
   the blocks, in passes + N − 1 slots; the embeddings and head run per pass on every rank; each pass's
@@ -32,7 +33,7 @@ call's compute, bytes and exchanges per step; under the CFG split each group mak
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .frame_blocks import BlockLoop
 from .hardware import Hardware
@@ -73,10 +74,13 @@ class Prediction:
     memory_mb: float
     #: Whether the result equals one device's within float round-off.
     exact: bool
+    #: Strategy options this setting runs with, beyond the warm-up and the CFG split (``parallelize``'s keywords).
+    options: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
-        return f"{self.strategy}{' + cfg_parallel' if self.cfg_parallel else ''}"
+        options = "".join(f" {name}={value}" for name, value in self.options.items())
+        return f"{self.strategy}{options}{' + cfg_parallel' if self.cfg_parallel else ''}"
 
 
 @dataclass(frozen=True)
@@ -196,18 +200,21 @@ def crossing_bytes(w: Workload, last: int) -> float:
     return sum(w.unit_output_bytes[i] for i in range(last + 1) if w.unit_last_reader[i] > last)
 
 
-def _asyncdiff(m: _Machine, groups: int, n: int) -> _Step:
+def _asyncdiff(m: _Machine, groups: int, n: int, stride: int = 1) -> _Step:
+    """Stride 2: ``n − 1`` components, and a round of two steps (the second reads the look-ahead prediction)."""
     w = m.w
+    parts = n - (stride - 1)
     outside = (w.flops - w.stack_flops) / groups
-    components = balanced_cut(tuple(f / groups for f in w.unit_flops), n)
+    components = balanced_cut(tuple(f / groups for f in w.unit_flops), parts)
     components[0] += outside
     compute = m.compute(max(components))
-    sent = [crossing_bytes(w, last) / groups for last in _cut_indices(w.unit_flops, n)]
-    sent.append(w.latent_bytes / groups * (n - 1))  # the last component's prediction, to every rank
-    nbytes = max(sent)
-    transfer = m.transfer(sum(sent) / n, 2 * m.calls)
+    sent = [crossing_bytes(w, last) / groups for last in _cut_indices(w.unit_flops, parts)]
+    predictions = [w.latent_bytes / groups * (n - 1)] * stride  # this step's (and the look-ahead) to every rank
+    nbytes = max([*sent, *predictions])
+    transfer = m.transfer((sum(sent) + sum(predictions)) / n, 2 * stride * m.calls)
     whole = m.compute(w.flops / groups)
-    return _Step(whole, m.displaced(compute, transfer), nbytes, nbytes, m.weights)
+    per_step = nbytes / stride  # warm-up sends nothing, and comm_stats averages over the steps that sent
+    return _Step(whole, m.displaced(compute, transfer) / stride, per_step, per_step, m.weights)
 
 
 def default_patches(token_rows: int, stages: int) -> int:
@@ -280,6 +287,7 @@ def predict(
     fixed: Fixed = Fixed(),
     pipefusion_patches: int | None = None,
     blocks: BlockLoop | None = None,
+    asyncdiff_stride: int = 1,
 ) -> Prediction:
     """The predicted call of ``strategy`` on ``nproc`` ranks against one device, for ``steps`` steps.
 
@@ -297,7 +305,7 @@ def predict(
     elif strategy in ("ulysses", "ring"):
         step = _sequence(m, groups, n, ring=strategy == "ring")
     elif strategy == "asyncdiff":
-        step = _asyncdiff(m, groups, n)
+        step = _asyncdiff(m, groups, n, asyncdiff_stride)
     elif strategy == "pipefusion":
         step = _pipefusion(m, groups, n, pipefusion_patches)
     elif strategy == "parastep":
@@ -328,4 +336,5 @@ def predict(
         bytes_per_step=loop_bytes / iterations + cfg_bytes,
         memory_mb=step.memory_bytes / 2**20,
         exact=exact,
+        options={"asyncdiff_stride": asyncdiff_stride} if asyncdiff_stride != 1 else {},
     )

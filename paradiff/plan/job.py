@@ -54,6 +54,11 @@ class Plan:
     #: A diffusion-forcing pipeline's loop (its iterations, not ``steps``, are what the predictions count).
     blocks: BlockLoop | None = None
 
+    @property
+    def iterations(self) -> int:
+        """Denoiser iterations of the pipeline's loop: its steps, or a diffusion-forcing schedule's iterations."""
+        return self.blocks.iterations if self.blocks is not None else self.steps
+
     def best(self, exact: bool = True) -> Prediction | None:
         """The fastest predicted setting (among the exact ones with ``exact``); None if none runs."""
         candidates = [p for p in self.predictions if p.exact or not exact]
@@ -69,11 +74,12 @@ def predictions(
     fixed: Fixed,
     blocks: BlockLoop | None = None,
 ) -> tuple[Prediction, ...]:
-    """Every runnable strategy × warm-up (exact strategies once), and with the CFG split on 4+ even ranks."""
+    """Every runnable strategy setting × warm-up (exact strategies once): with the CFG split on 4+ even ranks, and
+    ``asyncdiff`` at stride 2 on 3+ ranks."""
     rows = []
-    for strategy, cfg_options in runnable.items():
+    for strategy, settings in runnable.items():
         warmups = (0,) if strategy in ("cfg", "ulysses", "ring") else job.warmups
-        for cfg_parallel in cfg_options:
+        for cfg_parallel, options in settings:
             for warmup in warmups:
                 rows.append(
                     predict(
@@ -87,6 +93,7 @@ def predictions(
                         cfg_parallel,
                         fixed,
                         blocks=blocks,
+                        **dict(options),
                     )
                 )
     return tuple(rows)
@@ -100,20 +107,26 @@ def _candidates(job: PlanJob) -> tuple[str, ...]:
     return names
 
 
+#: Strategy options a plan also predicts, each on the ranks it needs: ``(strategy, options, least ranks)``.
+VARIANTS = (("asyncdiff", (("asyncdiff_stride", 2),), 3),)
+
+
 def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dict]:
-    """``(strategy -> cfg_parallel settings that run, strategy -> why not)``; ``check(strategy, **options)``
-    raises the ParadiffError ``parallelize`` would."""
+    """``(strategy -> its settings that run, strategy -> why not)``; a setting is ``(cfg_parallel, options)``, and
+    ``check(strategy, cfg_parallel=..., **options)`` raises the ParadiffError ``parallelize`` would."""
     runnable, refused = {}, {}
     for strategy in _candidates(job):
+        tried = [(False, ()), (True, ())]
+        tried += [(False, options) for name, options, least in VARIANTS if name == strategy and job.nproc >= least]
         settings = []
-        for cfg_parallel in (False, True):
+        for cfg_parallel, options in tried:
             if cfg_parallel and (strategy == "cfg" or job.nproc < 4 or job.nproc % 2 or not cfg_batch):
                 continue
             try:
-                check(strategy, cfg_parallel=cfg_parallel)
-                settings.append(cfg_parallel)
+                check(strategy, cfg_parallel=cfg_parallel, **dict(options))
+                settings.append((cfg_parallel, options))
             except ParadiffError as error:
-                if not cfg_parallel:
+                if not cfg_parallel and not options:
                     refused[strategy] = str(error)
         if strategy == "cfg" and not cfg_batch:
             settings, refused[strategy] = [], "the pipeline runs no classifier-free guidance at this setting"
@@ -142,7 +155,7 @@ def plan_architecture(job: PlanJob) -> Plan:
     workload = trace(model, (), arch.inputs(dims), arch.token_rows(dims), arch.calls_per_step)
     family = family_of(model, any_model=True)
 
-    def check(strategy: str, cfg_parallel: bool) -> None:
+    def check(strategy: str, cfg_parallel: bool, **options) -> None:
         cls = strategy_class(strategy)
         if not cls.supports(family):
             raise ParadiffError(f"strategy={strategy!r} does not run {type(model).__name__}")

@@ -115,9 +115,9 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     if rank != 0:
         return None
 
-    def check(strategy: str, cfg_parallel: bool) -> None:
-        options = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
-        paradiff.check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **options)
+    def check(strategy: str, cfg_parallel: bool, **options) -> None:
+        split = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
+        paradiff.check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **split, **options)
 
     latent_batch = bind_inputs(denoiser, full.args, full.kwargs).arguments[family.latent_arg].shape[0]
     runnable, refused = runnable_strategies(check, job, latent_batch % 2 == 0 or workload.calls_per_step == 2)

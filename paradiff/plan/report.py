@@ -28,12 +28,14 @@ def plan_lines(plan: Plan) -> list[str]:
     w = plan.workload
     frames = f", {plan.frames} frames" if plan.frames else ""
     step = one_device_step(w, plan.hardware, plan.dtype)
-    alone = plan.fixed.encode_s + plan.steps * step + plan.fixed.decode_s
+    alone = plan.fixed.encode_s + plan.iterations * step + plan.fixed.decode_s
+    loop = f" ({plan.iterations} iterations of frame blocks)" if plan.blocks is not None else ""
+    unit = "iteration" if plan.blocks is not None else "step"
     lines = [
-        f"{plan.model} ({w.model}) at {plan.size} px{frames}, {plan.steps} steps, {plan.nproc} ranks, {plan.dtype}: "
-        f"{w.step_flops / 1e12:.3g} TFLOP per step",
+        f"{plan.model} ({w.model}) at {plan.size} px{frames}, {plan.steps} steps{loop}, {plan.nproc} ranks, "
+        f"{plan.dtype}: {w.step_flops / 1e12:.3g} TFLOP per {unit}",
         _machine_line(plan),
-        f"one device: {step:.3g} s per step, {alone:.3g} s in all (prompt {plan.fixed.encode_s:.2g} s, "
+        f"one device: {step:.3g} s per {unit}, {alone:.3g} s in all (prompt {plan.fixed.encode_s:.2g} s, "
         f"decode {plan.fixed.decode_s:.2g} s)",
         "",
     ]
