@@ -16,7 +16,7 @@ from paradiff.cli import main
 from paradiff.pipeline import find_denoiser
 from paradiff.plan.architectures import architecture, architecture_names
 from paradiff.plan.costs import balanced_cut, predict
-from paradiff.plan.hardware import Hardware
+from paradiff.plan.hardware import Hardware, hardware_profile
 from paradiff.plan.workload import Workload, meta_model, pipeline_workload
 from paradiff.tiny import build_pipeline, prompt_inputs
 
@@ -81,6 +81,25 @@ def test_architectures_are_the_published_models(name):
     params = sum(p.numel() for p in model.parameters()) / 1e9
     assert params == pytest.approx(PUBLISHED_PARAMS[name], rel=0.05)
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_the_sdxl_decode_is_costed_as_its_vae_computes_it():
+    """The VAE's published config (83.7M parameters), traced on the meta device, against the real decoder's FLOPs at
+    64 px; the plan costs the decode, banded over the ranks as paradiff runs it."""
+    from diffusers import AutoencoderKL
+
+    arch = architecture("sdxl")
+    flops, kernels, dtype = arch.decode_cost(arch.dims(64, None))
+    vae = AutoencoderKL.from_config(arch.spec["vae"]["config"]).eval()
+    assert sum(p.numel() for p in vae.parameters()) / 1e6 == pytest.approx(83.7, rel=0.01)
+    with FlopCounterMode(display=False) as real, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        vae.decode(torch.randn(1, 4, 8, 8))
+    assert flops == real.get_total_flops() > 0 and kernels > 0 and dtype == "float32"
+    from paradiff.plan.job import PlanJob, plan_architecture
+
+    plan = plan_architecture(PlanJob("sdxl", nproc=2, steps=4, hardware="a100-nvlink", strategies=("cfg",)))
+    costed = arch.decode_cost(arch.dims(1024, None))[0] / hardware_profile("a100-nvlink").rate("float32")
+    assert plan.fixed.decode_banded and plan.fixed.decode_s == pytest.approx(costed, rel=0.05)
 
 
 def _workload(**fields) -> Workload:

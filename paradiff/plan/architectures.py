@@ -4,7 +4,8 @@ Each ``architectures/<name>.json`` holds the denoiser's class, its config as pub
 in, and the shapes of one denoiser call as its pipeline makes it. A shape's entries are numbers or
 expressions in ``H`` and ``W`` (latent rows and columns: pixels over ``vae_scale_factor``), ``F`` (latent
 frames, from ``frames`` by ``latent_frames``) and ``frames``; an input may be ``{"shape": [...], "dtype":
-"int64"}`` or ``null``.
+"int64"}`` or ``null``. An optional ``vae`` holds the VAE's class, config, the dtype its pipeline decodes
+in and the latent it decodes, for the decode's cost.
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ class Architecture:
 
     def token_rows(self, dims: dict) -> int:
         return _evaluate(self.spec["token_rows"], dims)
+
+    def decode_cost(self, dims: dict) -> tuple[float, int, str] | None:
+        """``(FLOPs, kernel-launching operations, dtype name)`` of the VAE decode of one image; None without a VAE."""
+        import diffusers
+        import torch
+
+        from .workload import decode_cost, meta_model
+
+        vae = self.spec.get("vae")
+        if vae is None:
+            return None
+        dtype = getattr(torch, vae["dtype"])
+        model = meta_model(getattr(diffusers, vae["class"]), vae["config"], dtype)
+        flops, kernels = decode_cost(model, _tensor(vae["latent"], dims, dtype))
+        return flops, kernels, vae["dtype"]
 
 
 def architecture(name: str) -> Architecture:

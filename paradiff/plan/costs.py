@@ -146,6 +146,14 @@ class _Machine:
         return self.w.params * self.w.itemsize
 
 
+def decode_fixed(cost: tuple[float, int, str] | None, hardware: Hardware, banded: bool = True) -> Fixed:
+    """The parts outside the loop from the decode's ``(FLOPs, operations, dtype)`` (None: nothing is costed)."""
+    if cost is None:
+        return Fixed()
+    flops, kernels, dtype = cost
+    return Fixed(decode_s=flops / hardware.rate(dtype) + kernels * hardware.launch_s, decode_banded=banded)
+
+
 def one_device_step(workload: Workload, hardware: Hardware, dtype: str) -> float:
     """Seconds of one denoising step (every call of it) on one device."""
     m = _Machine(workload, hardware, dtype)

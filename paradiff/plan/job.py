@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ParadiffError
-from .costs import MODELLED, Fixed, Prediction, predict
+from .costs import MODELLED, Fixed, Prediction, decode_fixed, predict
 from .frame_blocks import BlockLoop
 from .hardware import Hardware, hardware_names, hardware_profile
 from .workload import Workload
@@ -164,8 +164,9 @@ def plan_architecture(job: PlanJob) -> Plan:
     runnable, refused = runnable_strategies(check, job, cfg_batch)
     dtype = arch.spec["dtype"]
     frames = None if arch.default_frames is None else job.frames or arch.default_frames
-    rows = predictions(workload, hardware, dtype, job, runnable, Fixed())
-    return Plan(job.model, size, frames, job.steps, job.nproc, dtype, hardware, workload, Fixed(), rows, refused)
+    fixed = decode_fixed(arch.decode_cost(dims), hardware)  # paradiff bands the decode over the ranks
+    rows = predictions(workload, hardware, dtype, job, runnable, fixed)
+    return Plan(job.model, size, frames, job.steps, job.nproc, dtype, hardware, workload, fixed, rows, refused)
 
 
 def _batch(model, family, inputs: dict) -> int:

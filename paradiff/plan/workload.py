@@ -301,6 +301,14 @@ def trace(
     )
 
 
+def decode_cost(vae: nn.Module, latent: torch.Tensor) -> tuple[float, int]:
+    """FLOPs and kernel-launching operations of ``vae.decode(latent)``, on the meta device."""
+    counter, kernels = FlopCounterMode(display=False), _KernelCount()
+    with counter, kernels, torch.no_grad():
+        vae.decode(latent)
+    return float(counter.get_total_flops()), kernels.count
+
+
 def token_rows_of(model: nn.Module, family, args: tuple, kwargs: dict) -> int:
     """Rows of the grid ``patch`` cuts, read from real (not meta) inputs; latent rows for a family without one."""
     inputs = bind_inputs(model, args, kwargs).arguments
