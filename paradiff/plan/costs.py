@@ -23,8 +23,8 @@ compute as far as the machine allows (:attr:`Hardware.overlap`). What each strat
   one pass of a frame block per block in flight (fresh: one more per block just finished) through 1/N of
   the blocks, in passes + N − 1 slots; the embeddings and head run per pass on every rank; each pass's
   hidden states go to the next stage, and the last stage sends the prediction of the blocks in flight to
-  every rank. One device runs the whole window
-  at every iteration, and the loop is the pipeline's iterations, not its steps.
+  every rank. One device runs the whole window at every iteration, and the loop is the pipeline's
+  iterations, not its steps.
 * the CFG split: each group computes half the batch; the halves' predictions are gathered.
 
 A pipeline that makes two calls per step (two-call CFG, :attr:`Workload.calls_per_step`) costs twice one

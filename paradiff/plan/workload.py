@@ -120,9 +120,8 @@ class _ZerosHook(ModelHook):
         latent = bind_inputs(module, args, kwargs).arguments[self.family.latent_arg]
         if latent.shape not in self.shapes:
             with torch.no_grad():
-                self.shapes[latent.shape] = self.meta(*on_meta(args, self.dtype), **on_meta(kwargs, self.dtype))[
-                    0
-                ].shape
+                output = self.meta(*on_meta(args, self.dtype), **on_meta(kwargs, self.dtype))
+            self.shapes[latent.shape] = output[0].shape
         return Transformer2DModelOutput(sample=latent.new_zeros(self.shapes[latent.shape]))
 
     def new_forward(self, module, *args, **kwargs):
