@@ -69,8 +69,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, option, None)
         if isinstance(value, int) and value < low:  # bench and plan take --warmup as a list
             raise ParadiffError(f"--{option} must be at least {low}, got {value}")
-    if args.size is not None and (args.size < 8 or args.size % 8):
-        raise ParadiffError(f"--size must be a positive multiple of 8, got {args.size}")
+    for option in ("size", "width"):
+        value = getattr(args, option)
+        if value is not None and (value < 8 or value % 8):
+            raise ParadiffError(f"--{option} must be a positive multiple of 8, got {value}")
     if getattr(args, "guidance", None) is not None and args.guidance < 0:
         raise ParadiffError(f"--guidance must be 0 or more, got {args.guidance:g}")
 
@@ -93,6 +95,7 @@ def generate(args: argparse.Namespace) -> int:
         nproc=ranks_to_use(args.nproc),
         steps=args.steps,
         size=args.size or default_size(args.model),
+        width=args.width,
         frames=args.frames,
         seed=args.seed,
         warmup=args.warmup,
@@ -160,6 +163,7 @@ def plan(args: argparse.Namespace) -> int:
         nproc=ranks_to_use(args.nproc),
         steps=args.steps,
         size=args.size or default_size(args.model),
+        width=args.width,
         frames=args.frames,
         strategies=None if args.strategies is None else comma_list(args.strategies, "--strategies"),
         warmups=tuple(warmup_setting(item) for item in comma_list(args.warmup, "--warmup")),
@@ -233,6 +237,7 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
         help="height and width in pixels (default: 512 for paradiff-tiny-dit, 128 for paradiff-tiny, "
         "the model's own otherwise)",
     )
+    parser.add_argument("--width", type=int, help="width in pixels, when it differs from the height (default: --size)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     parser.add_argument("--threads", type=int, help="torch threads per rank (default, or 0: CPU cores / ranks)")
     parser.add_argument(

@@ -20,7 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ParadiffError, ParadiffWarning
-from .loading import RANDOM_MODELS, fixed_frames, frames_parameter, load_pipeline, makes_video, prompt_kwargs
+from .loading import (
+    RANDOM_MODELS,
+    fixed_frames,
+    frames_parameter,
+    load_pipeline,
+    makes_video,
+    prompt_kwargs,
+    size_kwargs,
+)
 
 #: What ``--out`` may end in, per output kind (``.jpeg`` and ``.tif`` spellings included).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -53,6 +61,8 @@ class GenerateJob:
     allow_pickle: bool = False
     #: More arguments of the pipeline's call (``--call``), as ``(key, value)`` pairs.
     call: tuple = ()
+    #: Width in pixels when it differs from ``size`` (the height).
+    width: int | None = None
 
     @property
     def phase(self) -> str:
@@ -158,7 +168,7 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     video = makes_video(pipe)
     kind = "video" if video else "image"
     name = f"{job.model} ({type(pipe).__name__})"
-    call_kwargs = {} if job.size is None else {"height": job.size, "width": job.size}
+    call_kwargs = size_kwargs(job.size, job.width)
     if job.frames is not None:
         frames = frames_parameter(pipe)
         if frames is None:

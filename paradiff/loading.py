@@ -217,6 +217,12 @@ SET_BY_OPTIONS = {
 }
 
 
+def size_kwargs(height: int | None, width: int | None) -> dict:
+    """The call's ``height``/``width`` from ``--size`` and ``--width`` (default: the height); none given: none."""
+    sizes = {"height": height, "width": width or height}
+    return {name: value for name, value in sizes.items() if value is not None}
+
+
 def call_arguments(items: list[str] | None) -> tuple[tuple[str, object], ...]:
     """``--call KEY=VALUE`` items as ``(key, value)`` pairs; VALUE is read as JSON (numbers, true, lists...) or else
     kept as a string."""

@@ -139,6 +139,7 @@ def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--call", "causal_block_size"], "--call takes KEY=VALUE, e.g. --call causal_block_size=5; got"),
         (["--call", "height=64"], "--call height=...: height is set by --size; use that instead"),
+        (["--width", "100"], "--width must be a positive multiple of 8, got 100"),
     ],
 )
 def test_bad_input(capsys, argv, message):
@@ -273,3 +274,12 @@ def test_call_arguments_reach_the_pipeline_call_and_unknown_ones_are_named():
     named = r"--call prompt_2=\.\.\.: StableDiffusionPipeline takes no argument 'prompt_2'; it takes "
     with pytest.raises(paradiff.ParadiffError, match=named):
         prompt_kwargs(pipe, "random-sd", "a prompt", extra=extra)
+
+
+def test_width_draws_a_non_square_image(tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "wide.png"
+    argv = ["a red circle", "--model", "paradiff-tiny", "--nproc", "1", "--steps", "2", "--size", "64", "--width", "96"]
+    assert main(["generate", *argv, "--out", str(out)]) == 0
+    assert Image.open(out).size == (96, 64)  # PIL: (width, height)

@@ -248,6 +248,21 @@ def test_plan_of_an_architecture_prints_json(capsys):
         assert row["exact"] == (row["strategy"] == "cfg")
 
 
+def test_a_plan_takes_a_width_apart_from_the_height(capsys):
+    assert architecture("wan2.1-14b").dims(480, 33, 832) == {"H": 60, "W": 104, "F": 9}
+    argv = ["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--steps", "4", "--strategies", "cfg"]
+    assert main([*argv, "--size", "1024", "--width", "768"]) == 0
+    wide = capsys.readouterr().out
+    assert main([*argv, "--size", "1024"]) == 0
+    square = capsys.readouterr().out
+
+    def tflop(out: str) -> float:
+        return float(out.splitlines()[0].split(": ")[-1].split()[0])
+
+    assert "sdxl (UNet2DConditionModel) at 1024×768 px, 4 steps" in wide
+    assert 0.6 < tflop(wide) / tflop(square) < 0.75  # 3/4 of the tokens, and attention grows with their square
+
+
 def test_an_architecture_needs_a_hardware_profile(capsys):
     assert main(["plan", "--model", "flux-dev"]) == 2
     err = capsys.readouterr().err

@@ -46,6 +46,8 @@ class BenchJob:
     out: str
     #: More arguments of the pipeline's call (``--call``), as ``(key, value)`` pairs.
     call: tuple = ()
+    #: Width in pixels when it differs from ``size`` (the height).
+    width: int | None = None
 
     def runs(self) -> list[RunSpec]:
         """The baseline first, then every strategy × warm-up in the order given (once for exact strategies)."""
@@ -65,6 +67,7 @@ class BenchJob:
             "--prompts": self.prompts,
             "--steps": self.steps,
             "--size": self.size,
+            "--width": self.width,
             "--seed": self.seed,
             "--threads": self.threads,
             "--out": self.out,
@@ -76,7 +79,7 @@ class BenchJob:
 
 def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
     """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker."""
-    for option in ("nproc", "prompts", "steps", "size"):
+    for option in ("nproc", "prompts", "steps", "size", "width"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ParadiffError(f"--{option} must be at least 1, got {value}")
@@ -94,6 +97,7 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
         prompts=args.prompts,
         steps=args.steps,
         size=args.size or default_size(args.model),
+        width=args.width,
         seed=args.seed,
         threads=threads,
         out=args.out,

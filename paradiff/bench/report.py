@@ -171,6 +171,7 @@ def _config(job: BenchJob, results: BenchResults, video: bool) -> dict:
         "threads_per_rank": job.threads,
         "steps": job.steps,
         "size": first.shape[1 if video else 0],  # the model's own when --size was not given
+        "width": first.shape[2 if video else 1],
         "seed": job.seed,
         "prompts": results.prompts,
         "machine": {
@@ -291,7 +292,7 @@ def _settings(config: dict) -> list[tuple[str, str]]:
         ("command", config["command"]),
         ("date", config["date"]),
         ("model", config["model"]),
-        ("size", f"{config['size']}×{config['size']} px{frames}"),
+        ("size", f"{config['size']}×{config.get('width', config['size'])} px{frames}"),
         ("steps", str(config["steps"])),
         (
             "ranks",

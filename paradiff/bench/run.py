@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import paradiff
 
-from ..loading import load_pipeline, makes_video, prompt_kwargs
+from ..loading import load_pipeline, makes_video, prompt_kwargs, size_kwargs
 from ..runtime.distributed import ensure_process_group, env_world_size, local_device
 from .job import BenchJob, RunSpec
 from .prompts import bench_prompts
@@ -84,7 +84,7 @@ def _preflight(pipe, job: BenchJob, spec: RunSpec, inputs: dict) -> None:
     first-call costs (allocations, connections) stay out of the timings.
     """
     with _parallelized(pipe, spec):
-        _generate(pipe, inputs, job.size, 1, job.seed)
+        _generate(pipe, inputs, size_kwargs(job.size, job.width), 1, job.seed)
     _barrier()
 
 
@@ -96,7 +96,7 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
         for index, kwargs in enumerate(inputs):
             _barrier()
             if parallel or rank == 0:
-                output, seconds = _generate(pipe, kwargs, job.size, job.steps, job.seed + index)
+                output, seconds = _generate(pipe, kwargs, size_kwargs(job.size, job.width), job.steps, job.seed + index)
                 run.add(output, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
                 if rank == 0:
                     print(f"{title}: prompt {index + 1}/{len(inputs)} ... {seconds:.2f} s", flush=True)
@@ -118,9 +118,8 @@ def _parallelized(pipe, spec: RunSpec):
         paradiff.unparallelize(pipe)
 
 
-def _generate(pipe, inputs: dict, size: int | None, steps: int, seed: int) -> tuple[np.ndarray, float]:
+def _generate(pipe, inputs: dict, sizes: dict, steps: int, seed: int) -> tuple[np.ndarray, float]:
     """The first image (H, W, 3), or a video pipeline's first video (F, H, W, 3), and the seconds it took."""
-    sizes = {} if size is None else {"height": size, "width": size}
     start = time.perf_counter()
     result = pipe(
         **inputs,

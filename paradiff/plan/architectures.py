@@ -53,11 +53,14 @@ class Architecture:
 
         return getattr(diffusers, self.spec["class"])
 
-    def dims(self, size: int, frames: int | None) -> dict:
+    def dims(self, size: int, frames: int | None, width: int | None = None) -> dict:
+        """Latent rows ``H``, columns ``W`` and frames ``F`` of a ``size`` × ``width`` (default: square) call."""
         scale = self.spec["vae_scale_factor"]
-        if size % scale:
-            raise ParadiffError(f"size {size} is not a multiple of {scale} pixels for {self.name}")
-        dims = {"H": size // scale, "W": size // scale, "F": 1}
+        width = width or size
+        for name, pixels in (("size", size), ("width", width)):
+            if pixels % scale:
+                raise ParadiffError(f"{name} {pixels} is not a multiple of {scale} pixels for {self.name}")
+        dims = {"H": size // scale, "W": width // scale, "F": 1}
         if self.default_frames is not None:
             frames = frames or self.default_frames
             dims["F"] = _evaluate(self.spec["latent_frames"], {"frames": frames})

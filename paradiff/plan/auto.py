@@ -38,7 +38,7 @@ class Choice:
         warmup = "" if p.strategy in ("cfg", "ulysses", "ring") else f", warm-up {p.warmup_steps}"
         return (
             f"{p.label}{warmup}: {p.predicted_speedup:.2f}× predicted over one device, the fastest of {among} "
-            f"that run this pipeline at {self.plan.size} px on {self.plan.nproc} ranks (planning took "
+            f"that run this pipeline at {self.plan.pixels} on {self.plan.nproc} ranks (planning took "
             f"{self.planning_s:.2g} s of the first call)"
         )
 
@@ -89,7 +89,9 @@ def choose(pipe, stock_call, args: tuple, kwargs: dict, fidelity: str, warmup_st
         settings = {**sized, "num_inference_steps": call_steps, "output_type": output_type}
         return stock_call(pipe, *args, **{**kwargs, **settings})
 
-    job = PlanJob(model=type(pipe).__name__, nproc=dist.get_world_size(), steps=steps, warmups=(warmup_steps,))
+    job = PlanJob(
+        model=type(pipe).__name__, nproc=dist.get_world_size(), steps=steps, warmups=(warmup_steps,), width=width
+    )
     with _untouched(pipe, kwargs):
         plan = plan_pipeline(pipe, call, size, job, local_device())
     decided = None

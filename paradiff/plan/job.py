@@ -35,6 +35,8 @@ class PlanJob:
     allow_pickle: bool = False
     #: More arguments of the pipeline's call (``--call``), as ``(key, value)`` pairs.
     call: tuple = ()
+    #: Width in pixels when it differs from ``size`` (the height).
+    width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,12 @@ class Plan:
     refused: dict = field(default_factory=dict)
     #: A diffusion-forcing pipeline's loop (its iterations, not ``steps``, are what the predictions count).
     blocks: BlockLoop | None = None
+    #: Width in pixels (None: ``size``, square).
+    width: int | None = None
+
+    @property
+    def pixels(self) -> str:
+        return f"{self.size} px" if self.width in (None, self.size) else f"{self.size}×{self.width} px"
 
     @property
     def iterations(self) -> int:
@@ -150,7 +158,7 @@ def plan_architecture(job: PlanJob) -> Plan:
         )
     hardware = hardware_profile(job.hardware)
     size = job.size or arch.default_size
-    dims = arch.dims(size, job.frames)
+    dims = arch.dims(size, job.frames, job.width)
     model = meta_model(arch.model_class(), arch.spec["config"], arch.dtype)
     workload = trace(model, (), arch.inputs(dims), arch.token_rows(dims), arch.calls_per_step)
     family = family_of(model, any_model=True)
@@ -166,7 +174,9 @@ def plan_architecture(job: PlanJob) -> Plan:
     frames = None if arch.default_frames is None else job.frames or arch.default_frames
     fixed = decode_fixed(arch.decode_cost(dims), hardware)  # paradiff bands the decode over the ranks
     rows = predictions(workload, hardware, dtype, job, runnable, fixed)
-    return Plan(job.model, size, frames, job.steps, job.nproc, dtype, hardware, workload, fixed, rows, refused)
+    return Plan(
+        job.model, size, frames, job.steps, job.nproc, dtype, hardware, workload, fixed, rows, refused, width=job.width
+    )
 
 
 def _batch(model, family, inputs: dict) -> int:

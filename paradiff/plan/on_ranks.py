@@ -58,7 +58,7 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
         return pipe(
             **inputs,
             height=height,
-            width=size,
+            width=job.width or size,
             num_inference_steps=steps,
             output_type=output_type,
             generator=generator,
@@ -121,12 +121,23 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
 
     latent_batch = bind_inputs(denoiser, full.args, full.kwargs).arguments[family.latent_arg].shape[0]
     runnable, refused = runnable_strategies(check, job, latent_batch % 2 == 0 or workload.calls_per_step == 2)
-    if blocks is None:
-        runnable.pop("dualparal", None)
-        refused.setdefault("dualparal", "the call schedules no frame blocks (--call causal_block_size=N with N > 1)")
+    if blocks is None and runnable.pop("dualparal", None):
+        refused["dualparal"] = "the call schedules no frame blocks (--call causal_block_size=N with N > 1)"
     if forcing and runnable.pop("parastep", None):
         refused["parastep"] = COPIED_SCHEDULER
     rows = predictions(workload, hardware, name, job, runnable, fixed, blocks)
     return Plan(
-        job.model, size, job.frames, job.steps, job.nproc, name, hardware, workload, fixed, rows, refused, blocks
+        job.model,
+        size,
+        job.frames,
+        job.steps,
+        job.nproc,
+        name,
+        hardware,
+        workload,
+        fixed,
+        rows,
+        refused,
+        blocks,
+        job.width,
     )

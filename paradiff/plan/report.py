@@ -32,7 +32,7 @@ def plan_lines(plan: Plan) -> list[str]:
     loop = f" ({plan.iterations} iterations of frame blocks)" if plan.blocks is not None else ""
     unit = "iteration" if plan.blocks is not None else "step"
     lines = [
-        f"{plan.model} ({w.model}) at {plan.size} px{frames}, {plan.steps} steps{loop}, {plan.nproc} ranks, "
+        f"{plan.model} ({w.model}) at {plan.pixels}{frames}, {plan.steps} steps{loop}, {plan.nproc} ranks, "
         f"{plan.dtype}: {w.step_flops / 1e12:.3g} TFLOP per {unit}",
         _machine_line(plan),
         f"one device: {step:.3g} s per {unit}, {alone:.3g} s in all (prompt {plan.fixed.encode_s:.2g} s, "
