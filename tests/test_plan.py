@@ -357,6 +357,18 @@ def test_the_block_schedule_counts_the_blocks_in_flight_and_those_just_finished(
     moving = [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]]
     mask = torch.tensor(moving).repeat_interleave(2, dim=1)
     assert schedule_counts(mask, 2) == ((2, 3, 4, 4, 3, 2, 1), (0, 0, 0, 0, 1, 1, 1))
+    history = torch.tensor([[0, 1], [0, 1]]).repeat_interleave(2, dim=1)  # a window that starts with a block done
+    assert schedule_counts(history, 2) == ((1, 1), (1, 0))  # fresh, the first iteration runs that block once
+
+
+def test_a_window_costs_its_frames_and_their_square():
+    from paradiff.plan.frame_blocks import window_cost
+
+    def cost(frames):  # per-frame layers and a self-attention over every frame
+        return 3.0 * frames + 0.5 * frames**2
+
+    assert window_cost(7, ((4, cost(4)), (10, cost(10)))) == pytest.approx(cost(7))
+    assert window_cost(7, ((4, 8.0), (4, 8.0))) == pytest.approx(14.0)
 
 
 def test_dualparal_costs_each_iteration_as_its_passes_through_the_stages():
@@ -364,7 +376,7 @@ def test_dualparal_costs_each_iteration_as_its_passes_through_the_stages():
 
     window = _workload(flops=8e12, unit_flops=(4e12, 4e12), unit_output_bytes=(0.0, 0.0), latent_bytes=0.0)
     block = _workload(flops=2e12, unit_flops=(1e12, 1e12), unit_output_bytes=(0.0, 0.0), latent_bytes=0.0)
-    loop = BlockLoop(block, 0.5, in_flight=(1, 2, 2, 1), finished=(0, 0, 1, 1), blocks=3)
+    loop = BlockLoop(block, 0.5, (1, 2, 2, 1), finished=(0, 0, 1, 1), position=(0, 1, 2, 3), scale=(1.0,) * 4, blocks=3)
     stage_s, outside_s = 0.5, 0.0  # half of a half-block pass's stack (1e12 FLOPs at 1e12/s); no embeddings
     fresh = predict(window, HARDWARE, "float16", "dualparal", 2, 2, 100, blocks=loop)
     passes = (1, 2, 3, 2)  # fresh: the block that just finished runs once more
@@ -380,21 +392,28 @@ def test_dualparal_costs_each_iteration_as_its_passes_through_the_stages():
         predict(window, HARDWARE, "float16", "dualparal", 2, 2, 0)
 
 
-def dualparal_bytes(warmup: int) -> tuple[float, float]:
-    """(predicted, measured on this rank) bytes per iteration of ``dualparal`` on the tiny diffusion-forcing video."""
-    from skyreels_pipelines import build_df_pipeline, df_call
+def dualparal_bytes(warmup: int, windows: int) -> tuple[float, float]:
+    """(predicted, measured on this rank) bytes per iteration of ``dualparal`` on the tiny diffusion-forcing video of
+    8 latent frames: one window, or two (6 frames, then 4 with the first 2 again as history)."""
+    from skyreels_pipelines import build_df_pipeline, df_call, latent_frames_to_frames
 
     import paradiff
     from paradiff.plan.frame_blocks import block_loop
 
     pipe = build_df_pipeline()
+    extra = {} if windows == 1 else {"base_num_frames": latent_frames_to_frames(6), "overlap_history": 5}
 
     def call():
-        return pipe(**df_call(latent_frames=8, steps=4))
+        return pipe(**df_call(latent_frames=8, steps=4, **extra))
 
     workload, _ = pipeline_workload(pipe, call)
     loop = block_loop(pipe, call, torch.float32)
-    assert (loop.iterations, loop.blocks, loop.fraction) == (4 + 4 - 1, 4, 0.5)
+    if windows == 1:
+        assert (loop.iterations, loop.blocks, loop.fraction) == (4 + 4 - 1, 4, 0.5)
+        assert loop.position == tuple(range(7)) and loop.scale == (1.0,) * 7
+    else:  # 3 blocks at 1 level apart, then 1 new block: 4 + 2 and 4 iterations; the second window is 2/3 as long
+        assert loop.position == (0, 1, 2, 3, 4, 5, 0, 1, 2, 3)
+        assert loop.scale[:6] == (1.0,) * 6 and 0.6 < loop.scale[6] == loop.scale[-1] < 2 / 3 + 0.05
     prediction = predict(workload, HARDWARE, "float16", "dualparal", 2, 4, warmup, blocks=loop)  # bytes: any rate
     pipe = paradiff.parallelize(pipe, strategy="dualparal", warmup_steps=warmup)
     call()
@@ -404,10 +423,11 @@ def dualparal_bytes(warmup: int) -> tuple[float, float]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("windows", [1, 2])
 @pytest.mark.parametrize("warmup", [1, 100], ids=["displaced", "fresh"])
-def test_predicted_dualparal_bytes_are_what_its_busiest_rank_sends(pool2, warmup):
-    """The schedule read from the pipeline, the block's shapes and the stages' transfers, against the counters."""
-    results = pool2.run(dualparal_bytes, warmup)
+def test_predicted_dualparal_bytes_are_what_its_busiest_rank_sends(pool2, warmup, windows):
+    """The schedules read from the pipeline, the block's shapes and the stages' transfers, against the counters."""
+    results = pool2.run(dualparal_bytes, warmup, windows)
     assert results[0][0] == pytest.approx(max(measured for _, measured in results), rel=1e-6)
 
 

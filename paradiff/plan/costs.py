@@ -93,13 +93,12 @@ class _Step:
     displaced_bytes: float
     memory_bytes: float
 
-    def loop(self, synced: int, iterations: int) -> tuple[float, float]:
-        """Seconds and bytes of a loop whose first ``synced`` iterations wait for their transfers."""
-        rest = iterations - synced
-        return (
-            synced * self.sync_s + rest * self.displaced_s,
-            synced * self.sync_bytes + rest * self.displaced_bytes,
-        )
+    def loop(self, synced: int, scale: tuple[float, ...]) -> tuple[float, float]:
+        """Seconds and bytes of a loop whose first ``synced`` iterations wait for their transfers; iteration ``i``
+        costs ``scale[i]`` times a step."""
+        seconds = sum(s * (self.sync_s if i < synced else self.displaced_s) for i, s in enumerate(scale))
+        nbytes = sum(s * (self.sync_bytes if i < synced else self.displaced_bytes) for i, s in enumerate(scale))
+        return seconds, nbytes
 
 
 @dataclass(frozen=True)
@@ -108,11 +107,12 @@ class _Passes:
 
     fresh: tuple[tuple[float, float], ...]
     displaced: tuple[tuple[float, float], ...]
+    position: tuple[int, ...]
     memory_bytes: float
 
-    def loop(self, synced: int, iterations: int) -> tuple[float, float]:
-        """Seconds and bytes of the loop whose first ``synced`` iterations run fresh."""
-        chosen = [*self.fresh[:synced], *self.displaced[synced:iterations]]
+    def loop(self, synced: int, scale: tuple[float, ...]) -> tuple[float, float]:
+        """Seconds and bytes of the loop whose first ``synced`` iterations of each window run fresh."""
+        chosen = [(self.fresh if at < synced else self.displaced)[i] for i, at in enumerate(self.position)]
         return sum(s for s, _ in chosen), sum(b for _, b in chosen)
 
 
@@ -273,7 +273,7 @@ def _dualparal(m: _Machine, b: _Machine, groups: int, n: int, loop: BlockLoop) -
     fresh = tuple(iteration(flight, done) for flight, done in zip(loop.in_flight, loop.finished, strict=True))
     displaced = tuple(iteration(flight, 0) for flight in loop.in_flight)
     weights = (m.w.params - m.w.stack_params + m.w.stack_params / n) * m.w.itemsize
-    return _Passes(fresh, displaced, weights)
+    return _Passes(fresh, displaced, loop.position, weights)
 
 
 def _cfg_only(m: _Machine) -> _Step:
@@ -306,6 +306,7 @@ def predict(
     m = _Machine(workload, hardware, dtype, groups)
     n = nproc // groups
     iterations = blocks.iterations if blocks is not None else steps
+    scale = blocks.scale if blocks is not None else (1.0,) * steps  # one device's cost of each, in window calls
     if strategy == "cfg":
         step = _cfg_only(m)
     elif strategy == "patch":
@@ -325,14 +326,14 @@ def predict(
     cfg_bytes = m.w.latent_bytes / 2 if groups == 2 and strategy != "cfg" else 0.0  # a group's predictions
     cfg_gather = m.transfer(cfg_bytes, 1) if cfg_bytes else 0.0
     synced = iterations if strategy in EXACT else min(iterations, warmup_steps + 1)
-    loop_s, loop_bytes = step.loop(synced, iterations)
-    loop = loop_s + iterations * cfg_gather
+    loop_s, loop_bytes = step.loop(synced, scale)
+    loop = loop_s + sum(scale) * cfg_gather
     decode = fixed.decode_s * hardware.shared_slowdown / nproc if fixed.decode_banded else fixed.decode_s
     total = fixed.encode_s + loop + decode
-    alone = fixed.encode_s + iterations * one_device_step(workload, hardware, dtype) + fixed.decode_s
+    alone = fixed.encode_s + sum(scale) * one_device_step(workload, hardware, dtype) + fixed.decode_s
     exact = strategy in EXACT or synced == iterations
-    if strategy == "dualparal":  # fresh, it equals one device with each block seeing only its predecessor
-        exact = exact and blocks.blocks <= 2
+    if strategy == "dualparal":  # fresh (every window), it equals one device with blocks seeing their predecessor only
+        exact = max(blocks.position) < synced and blocks.blocks <= 2
     return Prediction(
         strategy=strategy,
         warmup_steps=warmup_steps,
