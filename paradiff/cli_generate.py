@@ -196,9 +196,11 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
 
 
 def loads_by_stage(job: GenerateJob) -> bool:
-    """Whether each rank loads only its stage of the blocks: ``pipefusion`` without the one-device reference
-    (which needs the whole model) on a model read from files."""
-    return job.nproc > 1 and job.strategy == "pipefusion" and not job.baseline and job.model not in RANDOM_MODELS
+    """Whether each rank loads only its stage of the blocks: ``pipefusion`` or ``dualparal`` without the one-device
+    reference (which needs the whole model) on a model read from files."""
+    from .stage_loading import STAGED
+
+    return job.nproc > 1 and job.strategy in STAGED and not job.baseline and job.model not in RANDOM_MODELS
 
 
 def generate_on_rank(job: GenerateJob) -> dict:
@@ -225,7 +227,7 @@ def generate_on_rank(job: GenerateJob) -> dict:
     dtype = torch_dtype(job.dtype, device)
     with PeakMemory(device) as loading:
         if loads_by_stage(job):
-            pipe = load_stage_pipeline(job.model, dtype=dtype, device=device)
+            pipe = load_stage_pipeline(job.model, strategy=job.strategy, dtype=dtype, device=device)
         else:
             pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
     inputs = prompt_kwargs(

@@ -1,4 +1,4 @@
-"""Loading a pipeline with only this rank's stage of its transformer blocks, for ``pipefusion``.
+"""Loading a pipeline with only this rank's stage of its transformer blocks, for ``pipefusion`` and ``dualparal``.
 
 ``from_pretrained`` (diffusers') gives every rank the whole denoiser before ``parallelize`` frees the other
 stages: for a 12B transformer that is 24 GB per rank at load time, on ranks that keep a quarter of it.
@@ -8,7 +8,8 @@ each rank then holds) unless ``pipefusion_stages`` says otherwise, and this rank
 files only the tensors of its own stage and of the layers every rank keeps (embeddings, head), each
 straight onto its device (accelerate's ``set_module_tensor_to_device``). The other stages' parameters stay
 on the meta device (shapes, no memory) until ``parallelize(pipe, strategy="pipefusion")`` frees them for
-good; the other components load as diffusers loads them.
+good; the other components load as diffusers loads them. ``dualparal`` cuts its frame-block stack the same
+way (stages of about equal parameters), so a pipeline loaded for it runs it on the same ranks.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class LoadedStage:
     cfg_parallel: bool
     #: Names of the parameters and buffers every rank holds (everything outside the blocks).
     shared: tuple[str, ...]
+    #: The strategy the stages are for.
+    strategy: str = "pipefusion"
 
 
 def loaded_stage(denoiser: nn.Module) -> LoadedStage | None:
@@ -55,12 +58,12 @@ def check_loaded_stage(denoiser: nn.Module, config, world_size: int) -> None:
         return
     halves = 2 if held.cfg_parallel else 1
     loaded_as = (
-        f"strategy='pipefusion'{', cfg_parallel=True' if held.cfg_parallel else ''} on "
+        f"strategy='{held.strategy}'{', cfg_parallel=True' if held.cfg_parallel else ''} on "
         f"{len(held.stages) * halves} ranks"
     )
     given = config.options.pipefusion_stages if config.strategy == "pipefusion" else None
     if (
-        config.strategy != "pipefusion"
+        config.strategy != held.strategy
         or config.cfg_parallel != held.cfg_parallel
         or world_size != len(held.stages) * halves
         or given not in (None, held.stages)
@@ -130,9 +133,14 @@ def _stage_cut(blocks: list[nn.Module], degree: int, stages: tuple[int, ...] | N
     return tuple(stages)
 
 
+#: The strategies that keep one stage of the blocks per rank.
+STAGED = ("pipefusion", "dualparal")
+
+
 def load_stage_pipeline(
     model: str,
     *,
+    strategy: str = "pipefusion",
     cfg_parallel: bool = False,
     pipefusion_stages: tuple[int, ...] | None = None,
     dtype: torch.dtype | None = None,
@@ -142,14 +150,18 @@ def load_stage_pipeline(
 ):
     """The pipeline ``model`` names (a folder, a hub id, a built-in name), its denoiser holding only this rank's
     stage of blocks, on ``device`` (default: this rank's GPU, else the CPU), ready for
-    ``paradiff.parallelize(pipe, strategy="pipefusion", cfg_parallel=cfg_parallel)`` on ``world_size`` ranks
-    (default: the current world).
+    ``paradiff.parallelize(pipe, strategy=strategy, cfg_parallel=cfg_parallel)`` on ``world_size`` ranks
+    (default: the current world); ``strategy`` is ``"pipefusion"`` or ``"dualparal"``.
 
     Do not move the pipeline before ``parallelize``: the other stages' parameters are on the meta device.
     """
     from diffusers import DiffusionPipeline
     from safetensors import safe_open
 
+    if strategy not in STAGED:
+        raise ParadiffError(f"loading by stage is for strategy='pipefusion' or 'dualparal', not {strategy!r}")
+    if pipefusion_stages is not None and strategy != "pipefusion":
+        raise ParadiffError(f"pipefusion_stages is an option of strategy='pipefusion'; drop it for {strategy!r}")
     world_size = env_world_size() if world_size is None else world_size
     rank = _rank() if rank is None else rank
     groups = 2 if cfg_parallel else 1
@@ -165,13 +177,13 @@ def load_stage_pipeline(
     name = "transformer"
     if not isinstance(index.get(name), list) or index[name][0] is None:
         raise ParadiffError(
-            f"{model} has no transformer component: strategy='pipefusion' cuts a transformer's blocks into stages"
+            f"{model} has no transformer component: strategy='{strategy}' cuts a transformer's blocks into stages"
         )
     denoiser = _meta_denoiser(folder, name, index[name][1])
-    family = family_of(denoiser)
-    if family.block_stack is None:
-        raise ParadiffError(f"{type(denoiser).__name__} has no block stack that strategy='pipefusion' can cut")
-    blocks = [block for _, block in stage_blocks(denoiser, family.block_stack)]
+    stack = _stack(family_of(denoiser), strategy)
+    if stack is None:
+        raise ParadiffError(f"{type(denoiser).__name__} has no block stack that strategy='{strategy}' can cut")
+    blocks = [block for _, block in stage_blocks(denoiser, stack)]
     cut = _stage_cut(blocks, degree, pipefusion_stages)
     stage = rank % degree
     first = sum(cut[:stage])
@@ -191,7 +203,7 @@ def load_stage_pipeline(
     for key, buffer in denoiser.named_buffers():
         if key not in loaded and buffer.device.type != "meta":
             _put(denoiser, key, buffer, device, None)
-    setattr(denoiser, LOADED_STAGE_ATTRIBUTE, LoadedStage(cut, stage, cfg_parallel, tuple(sorted(shared))))
+    setattr(denoiser, LOADED_STAGE_ATTRIBUTE, LoadedStage(cut, stage, cfg_parallel, tuple(sorted(shared)), strategy))
     from .loading import absent_components
 
     options = {"use_safetensors": True, "trust_remote_code": False, "custom_pipeline": None}
@@ -203,6 +215,16 @@ def load_stage_pipeline(
         if isinstance(component, nn.Module) and component is not denoiser:
             component.to(device)
     return pipe
+
+
+def _stack(family, strategy: str):
+    """The blocks ``strategy`` cuts into stages on ``family``'s models, or None."""
+    if strategy == "pipefusion":
+        return family.block_stack
+    from .strategies.dualparal import frame_blocks_of
+
+    blocks = frame_blocks_of(family)
+    return None if blocks is None else blocks.stack
 
 
 def _held_tensors(denoiser: nn.Module, others: list[nn.Module]) -> set[str]:

@@ -1,5 +1,6 @@
-"""Loading only this rank's stage of the blocks (``paradiff.load_stage_pipeline``) for ``pipefusion``, from a local
-pipeline folder: the whole denoiser is never in memory, and the image is the one of the whole model."""
+"""Loading only this rank's stage of the blocks (``paradiff.load_stage_pipeline``) for ``pipefusion`` and
+``dualparal``, from a local pipeline folder: the whole denoiser is never in memory, and the image (or video) is the
+one of the whole model."""
 
 from __future__ import annotations
 
@@ -111,3 +112,48 @@ def test_loading_by_stage_needs_stages_and_safetensors(tmp_path):
     (folder / "transformer" / "diffusion_pytorch_model.safetensors").rename(folder / "elsewhere")
     with pytest.raises(ParadiffError, match="holds no diffusion_pytorch_model.safetensors"):
         load_stage_pipeline(str(folder), device="cpu", world_size=2, rank=0)
+
+
+def dualparal_stage_loaded_against_whole(folder: str) -> dict:
+    """``dualparal`` (fresh) on the whole pipeline, then on the pipeline loaded by stage for it: what each held, and
+    the two videos."""
+    from skyreels_pipelines import df_call
+
+    whole = load_pipeline(folder)
+    whole.set_progress_bar_config(disable=True)
+    whole_bytes = _held_bytes(whole.transformer)
+    whole = paradiff.parallelize(whole, strategy="dualparal", dualparal_displaced=False)
+    reference = whole(**df_call()).frames
+    paradiff.unparallelize(whole)
+    pipe = load_stage_pipeline(folder, strategy="dualparal", device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    loaded_bytes = _held_bytes(pipe.transformer)
+    loaded_stage_of_pipe = loaded_stage(pipe.transformer).stage
+    pipe = paradiff.parallelize(pipe, strategy="dualparal", dualparal_displaced=False)
+    try:
+        video = pipe(**df_call()).frames
+    finally:
+        paradiff.unparallelize(pipe)
+    return {
+        "stage": loaded_stage_of_pipe,
+        "loaded_after": loaded_stage(pipe.transformer) is not None,
+        "whole_bytes": whole_bytes,
+        "loaded_bytes": loaded_bytes,
+        "equal": torch.equal(video, reference),
+        "whole_again": _held_bytes(pipe.transformer) == whole_bytes,
+    }
+
+
+@pytest.mark.timeout(300)
+def test_dualparal_loads_its_stage_only_and_makes_the_whole_models_video(pool2, tmp_path):
+    from skyreels_pipelines import build_df_pipeline
+
+    folder = str(tmp_path / "skyreels-df")
+    build_df_pipeline().save_pretrained(folder)
+    results = pool2.run(dualparal_stage_loaded_against_whole, folder)
+    assert [r["stage"] for r in results] == [0, 1]
+    whole = results[0]["whole_bytes"]
+    assert all(r["loaded_bytes"] < whole for r in results) and sum(r["loaded_bytes"] for r in results) > whole
+    assert all(r["equal"] and r["whole_again"] and not r["loaded_after"] for r in results)  # whole again after
+    with pytest.raises(ParadiffError, match="pipefusion_stages is an option of strategy='pipefusion'"):
+        load_stage_pipeline(folder, strategy="dualparal", pipefusion_stages=(2, 2), world_size=2, rank=0)

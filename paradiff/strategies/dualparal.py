@@ -71,6 +71,7 @@ from ..models import DenoiserFamily, family_of
 from ..models.base import bind_inputs
 from ..runtime.comm import Communicator
 from ..runtime.stage_link import StageLink
+from ..stage_loading import loaded_stage
 from .base import Strategy, StrategyOptions, is_count
 from .installation import Installation
 from .pipefusion import PipeFusionInstallation, _release
@@ -153,7 +154,14 @@ class DualParalStrategy(Strategy):
         stack = description.stack
         named = stage_blocks(denoiser, stack)
         blocks = [block for _, block in named]
-        cut = balanced_cut([float(sum(p.numel() for p in block.parameters())) for block in blocks], comm.size)
+        held = loaded_stage(denoiser)
+        if held is not None and held.stage != comm.rank:
+            raise ParadiffError(
+                f"this rank loaded stage {held.stage} of the blocks but is stage {comm.rank} of the pipeline; load "
+                "with the rank parallelize runs on (load_stage_pipeline's default)"
+            )
+        sizes = [float(sum(p.numel() * p.element_size() for p in block.parameters())) for block in blocks]
+        cut = held.stages if held is not None else balanced_cut(sizes, comm.size)
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
         cursor = BlockCursor()
