@@ -45,11 +45,10 @@ def _stop(job: subprocess.Popen) -> None:
         job.wait()
 
 
-@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("recipe", MODELS)
-def test_recipe_on_two_ranks(tmp_path, recipe):
+def _run_recipe(launcher: list[str], recipe: str, tmp_path) -> str:
+    """Run ``recipe`` on 2 ranks started by ``launcher``; check its image and report; its stdout."""
     command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+        *launcher,
         *(str(ROOT / "pipelines" / recipe), "--model", MODELS[recipe], "--size", str(SIZE), "--steps", "2"),
         *("--out", str(tmp_path / "image.png")),
     ]
@@ -66,6 +65,24 @@ def test_recipe_on_two_ranks(tmp_path, recipe):
         assert image.format == "PNG" and image.size == (SIZE, SIZE) and image.mode == "RGB"
     assert stdout.count("wrote ") == 1, stdout  # rank 0 alone saves and reports
     assert "steps in" in stdout and "MB/step sent" in stdout, stdout
+    return stdout
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.parametrize("recipe", MODELS)
+def test_recipe_on_two_ranks(tmp_path, recipe):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    _run_recipe(torchrun, recipe, tmp_path)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_a_recipe_runs_under_accelerate_launch(tmp_path):
+    """accelerate's launcher sets the same environment as torchrun (``--multi_gpu`` starts the processes the same
+    way on CPUs); the recipe's ranks find each other through it."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    stdout = _run_recipe(launcher, "pixart.py", tmp_path)
+    assert "on 2 rank(s)" in stdout, stdout
 
 
 @pytest.mark.timeout(120)
