@@ -17,7 +17,8 @@ Long videos (``--only long``): diffusers' ``SkyReelsV2DiffusionForcingPipeline``
 ``SkyReelsV2Transformer3DModel`` of the same size (7 blocks, width 512, feed-forward 2048; ~32M
 parameters), its asynchronous schedule (``causal_block_size=2`` latent frames, ``ar_step=1``, CFG), at
 1×, 2× and 4× the latent frames one pass holds (``--long-frames``, 8 by default: the whole video in one
-window, as one device runs it). One device (a fresh process) against ``dualparal`` (fresh and displaced),
+window, as one device runs it), and 4× in the pipeline's windows of 2× (``base_num_frames``, each window
+starting with the previous one's last frame block: ``overlap_history=5``). One device (a fresh process) against ``dualparal`` (fresh and displaced),
 ``patch`` and ``parastep`` on 2 ranks: latency, the resident high-water mark per rank during the call (weights
 included) and its growth over the call's start (working memory), PSNR of the latents against one device, and
 flicker, the mean absolute change of the latents from one frame to the next (the one device's in the first row
@@ -39,7 +40,7 @@ import torch
 from bench_common import status_mb
 from family_pipelines_video import build_video_pipeline
 from rank_workers import RankFailure, RankPool
-from skyreels_pipelines import build_df_pipeline, df_call
+from skyreels_pipelines import build_df_pipeline, df_call, latent_frames_to_frames
 
 from paradiff.metrics import frame_changes, psnr
 
@@ -60,6 +61,8 @@ STRATEGIES = {
 SKYREELS_30M = dict(num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, rope_max_seq_len=1024)
 LONG = {"frames": 8, "steps": 6, "size": 128}
 QUICK_LONG = {"frames": 4, "steps": 2, "size": 32}
+#: The long-video lengths, in frames of one pass, and the window of each (None: the whole video in one).
+LONG_CASES = ((1, None), (2, None), (4, None), (4, 2))
 #: The long-video rows: strategy and options.
 LONG_STRATEGIES = {
     "dualparal (fresh)": ("dualparal", {"dualparal_displaced": False}),
@@ -122,17 +125,20 @@ def on_ranks(strategy: str, options: dict, size: int, frames: int, steps: int) -
     return {**result, "bytes_per_step": stats["bytes_per_step"]}
 
 
-def long_video(strategy: str | None, options: dict, latent_frames: int, steps: int, size: int) -> dict:
+def long_video(
+    strategy: str | None, options: dict, latent_frames: int, steps: int, size: int, windows: dict | None = None
+) -> dict:
     """One long-video call on this rank, with its memory; or why it failed.
 
     ``strategy`` None: one device, the stock pipeline; ``"schedule"``: one device under ``one_device_schedule``.
+    ``windows``: the call's ``base_num_frames`` and ``overlap_history`` (None: the whole video in one window).
     """
     import paradiff
     from paradiff.strategies.dualparal import one_device_schedule
 
     torch.set_num_threads(1)
     pipe = build_df_pipeline(7, **SKYREELS_30M)
-    call = df_call(latent_frames=latent_frames, size=size, steps=steps)
+    call = df_call(latent_frames=latent_frames, size=size, steps=steps, **(windows or {}))
     with torch.no_grad():
         pipe(**df_call(latent_frames=2, size=size, steps=1))  # first-call allocations out of the timed run
     window = one_device_schedule(pipe) if strategy == "schedule" else contextlib.nullcontext()
@@ -160,7 +166,7 @@ def long_video(strategy: str | None, options: dict, latent_frames: int, steps: i
     }
 
 
-def long_video_plan(latent_frames: int, steps: int, size: int) -> dict | None:
+def long_video_plan(latent_frames: int, steps: int, size: int, windows: dict | None = None) -> dict | None:
     """``paradiff plan``'s predicted speedups of the ``dualparal`` rows (timed on these ranks); rank 0 returns them."""
     from paradiff.plan.job import PlanJob
     from paradiff.plan.on_ranks import plan_pipeline
@@ -169,7 +175,8 @@ def long_video_plan(latent_frames: int, steps: int, size: int) -> dict | None:
     pipe = build_df_pipeline(7, **SKYREELS_30M)
 
     def call(height: int, call_steps: int, output_type: str):
-        return pipe(**df_call(latent_frames=latent_frames, size=height, steps=call_steps))  # latents, as timed
+        call = df_call(latent_frames=latent_frames, size=height, steps=call_steps, **(windows or {}))
+        return pipe(**call)  # latents, as timed
 
     fresh_warmup = 10**6  # past the loop's end: fresh at every iteration
     job = PlanJob("skyreels-df", nproc=2, steps=steps, strategies=("dualparal",), warmups=(2, fresh_warmup))
@@ -208,27 +215,31 @@ def _long_row(common: dict, label: str, ranks: list[dict], base: dict, schedule:
 
 
 def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
-    """One device against each long-video row at 1×, 2× and 4× the frames of one pass; prints and writes JSON.
+    """One device against each long-video row at each of ``LONG_CASES``; prints and writes JSON.
 
     Two references: one device running the stock pipeline, and one device under ``one_device_schedule`` (what
     ``dualparal`` computes fresh: the model's block-causal window narrowed to the previous block's frames).
     """
     rows = []
-    for multiple in (1, 2, 4):
+    for multiple, window in LONG_CASES:
         shape = (one_pass * multiple, steps, size)
+        windows = None if window is None else {"base_num_frames": latent_frames_to_frames(one_pass * window)}
+        if windows is not None:
+            windows["overlap_history"] = 5  # 2 latent frames: the last frame block of a window starts the next
         with RankPool(1, timeout_s=7200, threads_per_rank=1) as pool:  # fresh processes: their memory untouched
-            base = pool.run(long_video, None, {}, *shape)[0]
+            base = pool.run(long_video, None, {}, *shape, windows)[0]
         with RankPool(1, timeout_s=7200, threads_per_rank=1) as pool:
-            schedule = pool.run(long_video, "schedule", {}, *shape)[0]
+            schedule = pool.run(long_video, "schedule", {}, *shape, windows)[0]
         with RankPool(2, timeout_s=7200, threads_per_rank=1) as pool:
-            predicted = pool.run(long_video_plan, *shape)[0]
-        common = {"latent_frames": shape[0], "multiple": multiple}
+            predicted = pool.run(long_video_plan, *shape, windows)[0]
+        label = f"{multiple}×" if window is None else f"{multiple}×, windows of {one_pass * window}"
+        common = {"latent_frames": shape[0], "multiple": label}
         rows.append(_long_row(common, "one device", [base], base, schedule))
         rows.append(_long_row(common, "one-device schedule", [schedule], base, schedule))
         for label, (strategy, options) in LONG_STRATEGIES.items():
             with RankPool(2, timeout_s=7200, threads_per_rank=1) as pool:
                 try:
-                    ranks = pool.run(long_video, strategy, options, *shape)
+                    ranks = pool.run(long_video, strategy, options, *shape, windows)
                 except RankFailure as failure:
                     ranks = [{"failed": f"fails: {str(failure).splitlines()[0]}"}]
             rows.append({**_long_row(common, label, ranks, base, schedule), "predicted_speedup": predicted.get(label)})
@@ -247,7 +258,7 @@ def long_video_table(one_pass: int, steps: int, size: int, out: str) -> None:
         return "—" if value is None else "∞" if value == float("inf") else f"{value:.1f}"
 
     for row in rows:
-        frames = f"{row['latent_frames']} ({row['multiple']}×)"
+        frames = f"{row['latent_frames']} ({row['multiple']})"
         if "failed" in row:
             print(f"| {frames} | {row['strategy']} | {row['failed'].splitlines()[0][:160]} | | | | | | | |")
             continue
