@@ -14,16 +14,17 @@ the resident set grew above its size at the call's start: activations and exchan
 PSNR of the latents against one device (peak: the one-device latents' range), and writes JSON.
 
 Long videos (``--only long``): diffusers' ``SkyReelsV2DiffusionForcingPipeline`` with a random
-``SkyReelsV2Transformer3DModel`` of the same size (7 blocks, width 512, feed-forward 2048; ~32M
-parameters), its asynchronous schedule (``causal_block_size=2`` latent frames, ``ar_step=1``, CFG), at
-1×, 2× and 4× the latent frames one pass holds (``--long-frames``, 8 by default: the whole video in one
-window, as one device runs it), and 4× in the pipeline's windows of 2× (``base_num_frames``, each window
-starting with the previous one's last frame block: ``overlap_history=5``). One device (a fresh process) against ``dualparal`` (fresh and displaced),
-``patch`` and ``parastep`` on 2 ranks: latency, the resident high-water mark per rank during the call (weights
-included) and its growth over the call's start (working memory), PSNR of the latents against one device, and
-flicker, the mean absolute change of the latents from one frame to the next (the one device's in the first row
-of each length). A strategy that refuses the pipeline or fails on it gets a row saying why. Beside each
-``dualparal`` row, the speedup ``paradiff plan`` predicts for it, timed on the same 2 ranks just before.
+``SkyReelsV2Transformer3DModel`` of the same size (7 blocks, width 512, feed-forward 2048; ~32M parameters),
+its asynchronous schedule (``causal_block_size=2`` latent frames, ``ar_step=1``, CFG), at 1×, 2× and 4× the
+latent frames one pass holds (``--long-frames``, 8 by default: the whole video in one window, as one device
+runs it), and 4× in the pipeline's windows of 2× (``base_num_frames``, each window starting with the previous
+one's last frame block: ``overlap_history=5``). One device (a fresh process) against ``dualparal`` (fresh and
+displaced), ``patch`` and ``parastep`` on 2 ranks: latency, the resident high-water mark per rank during the
+call (weights included) and its growth over the call's start (working memory), PSNR of the latents against one
+device, and flicker, the mean absolute change of the latents from one frame to the next (the one device's in
+the first row of each length). A strategy that refuses the pipeline or fails on it gets a row saying why.
+Beside each ``dualparal`` row, the speedup ``paradiff plan`` predicts for it, timed on the same 2 ranks just
+before.
 """
 
 from __future__ import annotations
