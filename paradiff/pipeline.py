@@ -257,6 +257,7 @@ def check_parallelize(
         CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
     if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
         strategy_cls.check_model(denoiser, family, degree, config)
+        strategy_cls.check_machine(denoiser)
         if height:
             strategy_cls(config.options).check_height(denoiser, degree, height, _vae_scale_factor(pipe))
 

@@ -145,6 +145,7 @@ def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dic
 
 def plan_architecture(job: PlanJob) -> Plan:
     """A plan for a well-known denoiser by name, from its public config and a hardware profile."""
+    from ..config import ParallelConfig
     from ..models import family_of
     from ..strategies import strategy_class
     from .architectures import architecture
@@ -164,9 +165,16 @@ def plan_architecture(job: PlanJob) -> Plan:
     family = family_of(model, any_model=True)
 
     def check(strategy: str, cfg_parallel: bool, **options) -> None:
+        """What ``check_parallelize`` checks of the denoiser alone: its family, its blocks, the size's rows."""
         cls = strategy_class(strategy)
         if not cls.supports(family):
             raise ParadiffError(f"strategy={strategy!r} does not run {type(model).__name__}")
+        split = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
+        config = ParallelConfig.from_options(strategy, {**split, **options})
+        _, degree = config.degrees(job.nproc)
+        if degree > 1:
+            cls.check_model(model, family, degree, config)
+            cls(config.options).check_height(model, degree, size, arch.spec["vae_scale_factor"])
 
     cfg_batch = _batch(model, family, arch.inputs(dims)) % 2 == 0 or arch.calls_per_step == 2
     runnable, refused = runnable_strategies(check, job, cfg_batch)

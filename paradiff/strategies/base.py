@@ -7,7 +7,9 @@ this order, on every rank alike:
 1. ``degrees(world_size, config)`` and ``check_world(degree, config)`` (class methods): the mesh, and
    whether this world suits the strategy's options, before any collective;
 2. ``check_model(denoiser, family, degree, config)`` (class method): whether the model suits it, before any
-   collective (skipped when the strategy runs on one rank per CFG half: then only the CFG split runs);
+   collective (skipped when the strategy runs on one rank per CFG half: then only the CFG split runs), then
+   ``check_machine(denoiser)``: whether this machine and the model's attention backend can run it (a plan
+   for another machine checks the model alone);
 3. ``Strategy(config.options, groups)`` and ``install(denoiser, family, comm, vae_scale_factor)``, which
    returns the :class:`~paradiff.strategies.installation.Installation` that undoes it;
 4. per ``pipe(...)`` call, ``check_height(...)`` before the call and ``installation.steer(pipe)`` around it.
@@ -112,6 +114,10 @@ class Strategy:
                 f"strategy='{cls.name}' does not support {name}; supported: {supported_classes(cls)} "
                 f"({strategies_for(family)} run {name})"
             )
+
+    @classmethod
+    def check_machine(cls, denoiser: nn.Module) -> None:
+        """Refuse a device or an attention backend of this machine the strategy cannot run on (none by default)."""
 
     def check_height(self, denoiser: nn.Module, degree: int, height: int, vae_scale_factor: int) -> None:
         """Refuse, before any work, a height the strategy cannot cut over ``degree`` ranks (by default: none)."""

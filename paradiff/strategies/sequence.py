@@ -94,6 +94,9 @@ class SequenceStrategy(Strategy):
         if family.context_parallel_plan(denoiser) is None:
             raise ParadiffError(f"this diffusers version ships no context-parallel plan for {name}")
         family.context_parallel_processors(denoiser)  # raises for a processor that cannot run
+
+    @classmethod
+    def check_machine(cls, denoiser: nn.Module) -> None:
         cls.check_backend(active_attention_backend(denoiser))
 
     @classmethod
