@@ -51,6 +51,19 @@ def loaded_stage(denoiser: nn.Module) -> LoadedStage | None:
     return getattr(denoiser, LOADED_STAGE_ATTRIBUTE, None)
 
 
+def loaded_cut(denoiser: nn.Module, rank: int) -> tuple[int, ...] | None:
+    """The cut ``denoiser`` was loaded by stage with (None: loaded whole); refuses a rank that loaded another stage."""
+    held = loaded_stage(denoiser)
+    if held is None:
+        return None
+    if held.stage != rank:
+        raise ParadiffError(
+            f"this rank loaded stage {held.stage} of the blocks but is stage {rank} of the pipeline; load "
+            "with the rank parallelize runs on (load_stage_pipeline's default)"
+        )
+    return held.stages
+
+
 def check_loaded_stage(denoiser: nn.Module, config, world_size: int) -> None:
     """Refuse, before any collective, to parallelize a denoiser loaded by stage other than as it was loaded."""
     held = loaded_stage(denoiser)
@@ -120,11 +133,10 @@ def _meta_denoiser(folder: Path, name: str, class_name: str) -> nn.Module:
 
 
 def _stage_cut(blocks: list[nn.Module], degree: int, stages: tuple[int, ...] | None) -> tuple[int, ...]:
-    from .strategies.stage_cut import balanced_cut
+    from .strategies.stage_cut import cut_by_bytes
 
     if stages is None:
-        sizes = [float(sum(p.numel() * p.element_size() for p in block.parameters())) for block in blocks]
-        return balanced_cut(sizes, degree)
+        return cut_by_bytes(blocks, degree)
     if len(stages) != degree or sum(stages) != len(blocks) or min(stages) < 1:
         raise ParadiffError(
             f"pipefusion_stages={list(stages)} does not cut this model's {len(blocks)} blocks into {degree} stages "

@@ -418,8 +418,8 @@ def dualparal_bytes(warmup: int, windows: int) -> tuple[float, float]:
     def call():
         return pipe(**df_call(latent_frames=8, steps=4, **extra))
 
-    workload, _ = pipeline_workload(pipe, call)
-    loop = block_loop(pipe, call, torch.float32)
+    workload, captured = pipeline_workload(pipe, call)
+    loop = block_loop(pipe, call, torch.float32, (workload, captured))
     if windows == 1:
         assert (loop.iterations, loop.blocks, loop.fraction) == (4 + 4 - 1, 4, 0.5)
         assert loop.position == tuple(range(7)) and loop.scale == (1.0,) * 7

@@ -24,7 +24,7 @@ import torch
 
 from ..models import family_of
 from ..models.base import bind_inputs
-from .workload import Workload, capture_inputs, denoiser_skipped, meta_model, on_meta, trace
+from .workload import Capture, Workload, denoiser_skipped, meta_model, on_meta, trace
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,14 @@ def window_cost(frames: int, measured: tuple[tuple[int, float], ...]) -> float:
     return (c1 / f1 - quadratic * f1) * frames + quadratic * frames**2
 
 
-def block_loop(pipe, call: Callable[[], object], dtype: torch.dtype, context: int | None = None) -> BlockLoop | None:
+def block_loop(
+    pipe, call: Callable[[], object], dtype: torch.dtype, window: tuple[Workload, Capture], context: int | None = None
+) -> BlockLoop | None:
     """The loop ``call()`` (a call of the diffusion-forcing ``pipe``) runs; None if it schedules no frame blocks.
 
     The call runs with the denoiser answering zeros (:func:`denoiser_skipped`), so that every window's schedule is
-    made. ``context``: the frames of the previous block a block attends to (``dualparal_context``; None: a whole
-    block).
+    made. ``window``: the first window's call as :func:`pipeline_workload` traced it. ``context``: the frames of
+    the previous block a block attends to (``dualparal_context``; None: a whole block).
     """
     from ..layers.stages import stage_blocks
     from ..pipeline import find_denoiser
@@ -84,7 +86,7 @@ def block_loop(pipe, call: Callable[[], object], dtype: torch.dtype, context: in
     denoiser = find_denoiser(pipe)
     family = family_of(denoiser, any_model=True)
     model = meta_model(type(denoiser), dict(denoiser.config), dtype)
-    captured = capture_inputs(denoiser, family, model, dtype, call)
+    window_call, captured = window
     schedules = []
     recorded = block_schedules(pipe, lambda arguments, matrices: schedules.append((arguments, matrices)))
     with recorded, denoiser_skipped(pipe, dtype):
@@ -101,14 +103,13 @@ def block_loop(pipe, call: Callable[[], object], dtype: torch.dtype, context: in
         inputs[family.timestep_arg] = timestep[:, :traced]
     stack = stage_blocks(model, frame_blocks_of(family).stack)
     workload = trace(model, (), on_meta(inputs, dtype), 1, captured.calls_per_step, units=stack)
-    window = trace(model, on_meta(captured.args, dtype), on_meta(captured.kwargs, dtype), 1)
-    measured = ((frames, window.flops), (traced, workload.flops))
+    measured = ((frames, window_call.flops), (traced, workload.flops))
     in_flight, finished, position, scale = [], [], [], []
     for arguments, (_, _, update_mask, _) in schedules:
         moving, behind = schedule_counts(update_mask, block)
         in_flight += moving
         finished += behind
         position += range(len(moving))
-        scale += [window_cost(arguments["num_latent_frames"], measured) / window.flops] * len(moving)
+        scale += [window_cost(arguments["num_latent_frames"], measured) / window_call.flops] * len(moving)
     most = max(arguments["num_latent_frames"] for arguments, _ in schedules) // block
     return BlockLoop(workload, block / traced, tuple(in_flight), tuple(finished), tuple(position), tuple(scale), most)

@@ -81,7 +81,7 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     from ..models import decoder_family_of, family_of
     from ..models.base import bind_inputs
     from ..pipeline import find_denoiser
-    from ..strategies.dualparal import frame_blocks_of
+    from ..strategies.dualparal import frame_blocks_of, makes_block_schedules
     from ..strategies.parastep import COPIED_SCHEDULER
 
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -89,8 +89,8 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     dtype = next(denoiser.parameters()).dtype
     workload, full = pipeline_workload(pipe, lambda: call(size, 2, "latent"), dtype)
     family = family_of(denoiser, any_model=True)
-    forcing = frame_blocks_of(family) is not None and hasattr(pipe, "generate_timestep_matrix")  # diffusion forcing
-    blocks = block_loop(pipe, lambda: call(size, job.steps, "latent"), dtype) if forcing else None
+    forcing = frame_blocks_of(family) is not None and makes_block_schedules(pipe)
+    blocks = block_loop(pipe, lambda: call(size, job.steps, "latent"), dtype, (workload, full)) if forcing else None
     start = time.perf_counter()
     part_size = part_height(pipe, size, max(job.nproc, 2))
     part_workload, part = pipeline_workload(pipe, lambda: call(part_size, 2, "latent"), dtype)

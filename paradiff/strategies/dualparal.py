@@ -71,11 +71,11 @@ from ..models import DenoiserFamily, family_of
 from ..models.base import bind_inputs
 from ..runtime.comm import Communicator
 from ..runtime.stage_link import StageLink
-from ..stage_loading import loaded_stage
+from ..stage_loading import loaded_cut
 from .base import Strategy, StrategyOptions, is_count
 from .installation import Installation
 from .pipefusion import PipeFusionInstallation, _release
-from .stage_cut import balanced_cut
+from .stage_cut import cut_by_bytes
 from .support import strategies_for, supported_classes
 
 #: What to use instead, named by refusals of pipelines without per-frame noise levels.
@@ -154,14 +154,7 @@ class DualParalStrategy(Strategy):
         stack = description.stack
         named = stage_blocks(denoiser, stack)
         blocks = [block for _, block in named]
-        held = loaded_stage(denoiser)
-        if held is not None and held.stage != comm.rank:
-            raise ParadiffError(
-                f"this rank loaded stage {held.stage} of the blocks but is stage {comm.rank} of the pipeline; load "
-                "with the rank parallelize runs on (load_stage_pipeline's default)"
-            )
-        sizes = [float(sum(p.numel() * p.element_size() for p in block.parameters())) for block in blocks]
-        cut = held.stages if held is not None else balanced_cut(sizes, comm.size)
+        cut = loaded_cut(denoiser, comm.rank) or cut_by_bytes(blocks, comm.size)
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
         cursor = BlockCursor()
@@ -199,6 +192,11 @@ class DualParalInstallation(PipeFusionInstallation):
         return block_schedules(pipe, functools.partial(self.schedule.read, pipe))
 
 
+def makes_block_schedules(pipe) -> bool:
+    """Whether ``pipe`` is a diffusion-forcing pipeline: one that makes its own schedule of frame blocks."""
+    return callable(getattr(pipe, "generate_timestep_matrix", None))
+
+
 @contextlib.contextmanager
 def block_schedules(pipe, read: Callable[[dict, tuple], None]):
     """Around ``pipe(...)``: ``read(arguments, matrices)`` for each block schedule the pipeline makes.
@@ -206,10 +204,10 @@ def block_schedules(pipe, read: Callable[[dict, tuple], None]):
     A diffusion-forcing pipeline makes its schedule with ``generate_timestep_matrix`` (one per window of a long
     video); it is wrapped on this instance only, and the arguments are bound by name, defaults applied.
     """
-    stock = getattr(pipe, "generate_timestep_matrix", None)
-    if stock is None:
+    if not makes_block_schedules(pipe):
         yield
         return
+    stock = pipe.generate_timestep_matrix
     shadowed = vars(pipe).get("generate_timestep_matrix")  # a wrapper someone else put on the instance
     signature = inspect.signature(stock)
 

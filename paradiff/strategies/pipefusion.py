@@ -46,7 +46,7 @@ from ..layers.stages import (
 )
 from ..models import DenoiserFamily, family_of
 from ..runtime.comm import Communicator
-from ..stage_loading import LOADED_STAGE_ATTRIBUTE, loaded_stage
+from ..stage_loading import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .installation import Installation
 from .stage_cut import balanced_cut, measured_costs
@@ -144,13 +144,7 @@ class PipeFusionStrategy(Strategy):
         """Keep this rank's stage of ``denoiser``'s blocks, free the others', hook it to run as a pipeline."""
         stack = family.block_stack
         blocks = [block for _, block in stage_blocks(denoiser, stack)]
-        held = loaded_stage(denoiser)
-        if held is not None and held.stage != comm.rank:
-            raise ParadiffError(
-                f"this rank loaded stage {held.stage} of the blocks but is stage {comm.rank} of the pipeline; load "
-                "with the rank parallelize runs on (load_stage_pipeline's default)"
-            )
-        cut = held.stages if held is not None else self.options.pipefusion_stages
+        cut = loaded_cut(denoiser, comm.rank) or self.options.pipefusion_stages
         cut = cut or balanced_cut(measured_costs(family, denoiser, blocks, comm), comm.size)
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])

@@ -69,6 +69,13 @@ def _synchronize(model: nn.Module) -> None:
         torch.cuda.synchronize(model.device)
 
 
+def cut_by_bytes(blocks: list[nn.Module], stages: int) -> tuple[int, ...]:
+    """Blocks per stage of the contiguous cut whose stages hold about equal parameter bytes (what each rank keeps)."""
+    return balanced_cut(
+        [float(sum(p.numel() * p.element_size() for p in block.parameters())) for block in blocks], stages
+    )
+
+
 def balanced_cut(costs: list[float], stages: int) -> tuple[int, ...]:
     """Blocks per stage of the contiguous cut of ``costs`` into ``stages`` parts with the smallest largest part.
 
