@@ -206,7 +206,7 @@ def default_strategy(model: str) -> str:
 SET_BY_OPTIONS = {
     "prompt": "the prompt",
     "height": "--size",
-    "width": "--size",
+    "width": "--width",
     "num_inference_steps": "--steps",
     "generator": "--seed",
     "output_type": "the output file",

@@ -15,7 +15,7 @@ only the cfg gather cross nodes. The groups are made with ``dist.new_group`` rat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -34,10 +34,19 @@ class MeshGroups:
     cfg: RankGroup | None
     #: The D ranks of this rank's batch half that run the strategy; None when D = 1 (the cfg split alone).
     strategy: RankGroup | None
+    #: Groups made over these ones since (:meth:`adopt`), shut down with them.
+    adopted: list = field(default_factory=list)
 
     def process_groups(self) -> list[dist.ProcessGroup]:
         ranks = [groups for groups in (self.world, self.cfg, self.strategy) if groups is not None]
-        return [group for groups in ranks for group in groups.process_groups()]
+        return [group for groups in ranks for group in groups.process_groups()] + self.adopted
+
+    def adopt(self, meshes: list[DeviceMesh]) -> None:
+        """Shut down with these groups those of ``meshes`` that are not already theirs: a context-parallel mesh
+        (:func:`context_parallel_mesh`) and the meshes diffusers derives from it, such as its flattened one."""
+        own = {id(group) for group in self.process_groups()}
+        made = {id(group): group for mesh in meshes for group in (mesh.get_group(d) for d in range(mesh.ndim))}
+        self.adopted.extend(group for key, group in made.items() if key not in own)
 
     def destroy(self) -> None:
         """Shut down every group of the mesh on this rank (call on every rank, once nothing runs over them)."""
@@ -75,11 +84,3 @@ def context_parallel_mesh(groups: MeshGroups, sequence_dim: str, device_type: st
         shape, dims, names = (2, *shape), [groups.cfg.group, *dims], ("cfg", *names)
     ranks = torch.arange(groups.world.size).view(shape)
     return DeviceMesh.from_group(dims, device_type, mesh=ranks, mesh_dim_names=names)
-
-
-def release_context_parallel_mesh(meshes: list[DeviceMesh], groups: MeshGroups) -> None:
-    """Shut down the groups of ``meshes`` (:func:`context_parallel_mesh`'s, and those diffusers derives from it,
-    such as its flattened sequence mesh) that are not ``groups``' own: those stay for :meth:`MeshGroups.destroy`."""
-    own = {id(group) for group in groups.process_groups()}
-    made = [mesh.get_group(dim) for mesh in meshes for dim in range(mesh.ndim)]
-    destroy_groups(*(group for group in made if id(group) not in own))

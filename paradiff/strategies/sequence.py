@@ -63,7 +63,7 @@ from ..layers.sequence import AttentionTrafficHook, SequenceCheckHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.distributed import local_device
-from ..runtime.mesh import context_parallel_mesh, release_context_parallel_mesh
+from ..runtime.mesh import context_parallel_mesh
 from .base import Strategy
 from .installation import Installation
 from .support import strategies_for, supported_classes
@@ -125,8 +125,7 @@ class SequenceStrategy(Strategy):
             denoiser.enable_parallelism(config=config, cp_plan=plan)
         installed.on_remove(lambda: clear_parallel_config(denoiser, config))
         installed.on_remove(lambda: remove_context_parallel(denoiser, plan))
-        meshes = [mesh, *derived_context_parallel_meshes(cp_config)]
-        installed.on_remove(lambda: release_context_parallel_mesh(meshes, self.groups))
+        self.groups.adopt([mesh, *derived_context_parallel_meshes(cp_config)])  # shut down by unparallelize
         backend = active_attention_backend(denoiser)
         for name, attn in family.self_attention(denoiser):
             if family.context_parallel_sdpa:  # a processor that calls PyTorch's attention: into diffusers' dispatcher
