@@ -255,11 +255,28 @@ def check_parallelize(
         _check_model_height(denoiser, family, height, _vae_scale_factor(pipe))
     if cfg > 1:
         CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
-    if degree > 1:  # the strategy runs within each batch half (not the cfg split alone)
-        strategy_cls.check_model(denoiser, family, degree, config)
+    check_on_denoiser(denoiser, family, config, degree, height, _vae_scale_factor(pipe))
+
+
+def check_on_denoiser(
+    denoiser: nn.Module,
+    family,
+    config: ParallelConfig,
+    degree: int,
+    height: int | None,
+    vae_scale_factor: int,
+    this_machine: bool = True,
+) -> None:
+    """The checks of :func:`check_parallelize` that need the denoiser alone: the model, this machine (unless
+    ``this_machine`` is False: a plan for another one) and the height, against the strategy on ``degree`` ranks."""
+    if degree == 1:  # the cfg split alone: the strategy does not run
+        return
+    strategy_cls = strategy_class(config.strategy)
+    strategy_cls.check_model(denoiser, family, degree, config)
+    if this_machine:
         strategy_cls.check_machine(denoiser)
-        if height:
-            strategy_cls(config.options).check_height(denoiser, degree, height, _vae_scale_factor(pipe))
+    if height:
+        strategy_cls(config.options).check_height(denoiser, degree, height, vae_scale_factor)
 
 
 def _check_model_height(denoiser: nn.Module, family, height: int, vae_scale_factor: int) -> None:

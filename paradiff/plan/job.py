@@ -147,6 +147,7 @@ def plan_architecture(job: PlanJob) -> Plan:
     """A plan for a well-known denoiser by name, from its public config and a hardware profile."""
     from ..config import ParallelConfig
     from ..models import family_of
+    from ..pipeline import check_on_denoiser
     from ..strategies import strategy_class
     from .architectures import architecture
     from .workload import meta_model, trace
@@ -172,9 +173,7 @@ def plan_architecture(job: PlanJob) -> Plan:
         split = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
         config = ParallelConfig.from_options(strategy, {**split, **options})
         _, degree = config.degrees(job.nproc)
-        if degree > 1:
-            cls.check_model(model, family, degree, config)
-            cls(config.options).check_height(model, degree, size, arch.spec["vae_scale_factor"])
+        check_on_denoiser(model, family, config, degree, size, arch.spec["vae_scale_factor"], this_machine=False)
 
     cfg_batch = _batch(model, family, arch.inputs(dims)) % 2 == 0 or arch.calls_per_step == 2
     runnable, refused = runnable_strategies(check, job, cfg_batch)
