@@ -1,8 +1,13 @@
-"""The ``paradiff`` command: ``generate`` an image or video on N ranks, or ``bench`` the strategies.
+"""The paradiff command line: generate, bench and plan on N ranks.
+
+Commands:
+  generate   draw an image or a video on N ranks, beside the same picture from one device
+  bench      time and score every strategy and warm-up against one device; writes a report
+  plan       predict which strategy pays on a model, size and machine, before running anything
 
 Exit status: 0 done; 2 bad input (one line on stderr, found before anything is drawn); 1 any other
-failure (one line on stderr naming the log that holds the tracebacks); 130 interrupted (Ctrl-C), 143
-terminated (SIGTERM): no worker process is left behind in either case.
+failure (one line on stderr naming the log that holds the tracebacks); 130 interrupted (Ctrl-C);
+143 terminated (SIGTERM). No worker process is left behind in any case.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import __version__
+from .cli_checks import check_numbers, given_prompts, resolve_nproc, seed_value
 from .cli_generate import DTYPES, GenerateJob, generate_on_rank, output_kind
 from .cli_output import quiet_output, summary_lines, times_sign
 from .errors import ParadiffError, PeerFailure
-from .launch import RanksFailed, ranks_to_use, run_on_ranks, under_torchrun
+from .launch import RanksFailed, run_on_ranks, under_torchrun
 from .loading import (
     ALLOW_PICKLE_FLAG,
     DEFAULT_MODEL,
@@ -63,22 +69,8 @@ def _check_out(out: str | None) -> None:
         path.unlink(missing_ok=True)
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    at_least = {"nproc": 1, "steps": 1, "frames": 1, "warmup": 0, "threads": 0}
-    for option, low in at_least.items():
-        value = getattr(args, option, None)
-        if isinstance(value, int) and value < low:  # bench and plan take --warmup as a list
-            raise ParadiffError(f"--{option} must be at least {low}, got {value}")
-    for option in ("size", "width"):
-        value = getattr(args, option)
-        if value is not None and (value < 8 or value % 8):
-            raise ParadiffError(f"--{option} must be a positive multiple of 8, got {value}")
-    if getattr(args, "guidance", None) is not None and args.guidance < 0:
-        raise ParadiffError(f"--guidance must be 0 or more, got {args.guidance:g}")
-
-
-def _threads_per_rank(args: argparse.Namespace) -> int:
-    return args.threads or max(1, (os.cpu_count() or 1) // max(ranks_to_use(args.nproc), 1))
+def _threads_per_rank(args: argparse.Namespace, nproc: int) -> int:
+    return args.threads or max(1, (os.cpu_count() or 1) // max(nproc, 1))
 
 
 def _in_process(nproc: int) -> bool:
@@ -87,12 +79,16 @@ def _in_process(nproc: int) -> bool:
 
 
 def generate(args: argparse.Namespace) -> int:
-    _check_numbers(args)
+    check_numbers(args)
+    prompts = given_prompts(args, args.prompt)
+    if not prompts:
+        raise ParadiffError('say what to draw: paradiff generate "a prompt" (or --prompt, --prompts-file)')
+    nproc = resolve_nproc(args)
     job = GenerateJob(
-        prompt=args.prompt,
+        prompt=prompts[0],
         model=args.model,
         strategy=args.strategy or default_strategy(args.model),
-        nproc=ranks_to_use(args.nproc),
+        nproc=nproc,
         steps=args.steps,
         size=args.size or default_size(args.model),
         width=args.width,
@@ -101,7 +97,7 @@ def generate(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         out=None if args.out is None else str(Path(args.out).expanduser()),
         baseline=not args.no_baseline,
-        threads=_threads_per_rank(args),
+        threads=_threads_per_rank(args, nproc),
         device=args.device,
         dtype=args.dtype,
         guidance=args.guidance,
@@ -138,7 +134,9 @@ def bench(args: argparse.Namespace) -> int:
     from .bench.job import job_from_args
 
     with quiet_output(args.verbose, libraries=False):
-        job = job_from_args(args, threads=_threads_per_rank(args))
+        check_numbers(args)
+        args.nproc = resolve_nproc(args)
+        job = job_from_args(args, threads=_threads_per_rank(args, args.nproc))
     from .bench.run import bench_on_rank
 
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
@@ -157,10 +155,11 @@ def plan(args: argparse.Namespace) -> int:
     from .bench.job import comma_list, warmup_setting
     from .plan.job import PlanJob
 
-    _check_numbers(args)
+    check_numbers(args)
+    nproc = resolve_nproc(args)
     job = PlanJob(
         model=args.model,
-        nproc=ranks_to_use(args.nproc),
+        nproc=nproc,
         steps=args.steps,
         size=args.size or default_size(args.model),
         width=args.width,
@@ -170,7 +169,7 @@ def plan(args: argparse.Namespace) -> int:
         hardware=args.hardware,
         device=args.device,
         dtype=args.dtype,
-        threads=_threads_per_rank(args),
+        threads=_threads_per_rank(args, nproc),
         allow_pickle=args.allow_pickle,
         call=call_arguments(args.call),
     )
@@ -229,8 +228,13 @@ def _version() -> str:
 def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) -> None:
     names = (*MODEL_NAMES, *architecture_names()) if architectures else MODEL_NAMES
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{', '.join(names)}, a folder or a hub id")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks to start (ignored under torchrun)")
-    parser.add_argument("--steps", type=int, default=20, help="inference steps")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="how many processes (ranks) to start, one per GPU (default: every visible GPU, or 2 on a machine "
+        "without one; under torchrun, torchrun's)",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="denoising steps")
     parser.add_argument(
         "--size",
         type=int,
@@ -238,7 +242,7 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
         "the model's own otherwise)",
     )
     parser.add_argument("--width", type=int, help="width in pixels, when it differs from the height (default: --size)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed of the initial noise")
     parser.add_argument("--threads", type=int, help="torch threads per rank (default, or 0: CPU cores / ranks)")
     parser.add_argument(
         "--call",
@@ -248,8 +252,50 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
         "true, lists; else a string); repeatable",
     )
     parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the longest one rank waits for another before the run ends with an error (a rank that shows no "
+        "sign of life at all ends it within seconds)",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="show third-party warnings and logs, and every rank's output"
     )
+
+
+def _add_workload(parser: argparse.ArgumentParser) -> None:
+    """What the pictures are drawn with, beyond size and steps: shared by ``generate`` and ``bench``."""
+    parser.add_argument(
+        "--guidance",
+        type=float,
+        help="classifier-free guidance scale (default: 2 for the built-in models, the pipeline's own otherwise)",
+    )
+    parser.add_argument("--negative-prompt", help="what the picture should not show")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cuda", "cpu"),
+        help="where every rank and the one-device reference run (default: auto, CUDA when present, one GPU per rank)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", *DTYPES),
+        help="weights and activations (default: auto, float16 on CUDA, float32 on the CPU)",
+    )
+
+
+def _add_prompts(parser: argparse.ArgumentParser) -> None:
+    """``--prompt`` (repeatable) and ``--prompts-file``; read back with :func:`given_prompts`."""
+    parser.add_argument(
+        "--prompt", action="append", dest="prompt_options", metavar="TEXT", help="a prompt to draw; repeatable"
+    )
+    parser.add_argument("--prompts-file", metavar="FILE", help="a text file of prompts, one per line")
+
+
+def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON object on stdout")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,39 +309,34 @@ def build_parser() -> argparse.ArgumentParser:
         "(same device and dtype), to report the speedup and the difference.",
         formatter_class=_HelpFormatter,
     )
-    gen.add_argument("prompt")
+    gen.add_argument(
+        "prompt", nargs="*", help="what to draw (several prompts: several pictures; see also --prompt, --prompts-file)"
+    )
     _add_common(gen)
+    _add_prompts(gen)
     gen.add_argument(
         "--strategy",
         choices=(*strategy_names(), "auto"),
         help="how the ranks share the work (default: cfg for the built-in models, patch otherwise); auto: the "
         "fastest exact one the first call predicts on this machine",
     )
-    gen.add_argument("--warmup", type=int, default=4, help="synchronous steps after the first")
+    gen.add_argument(
+        "--warmup",
+        type=int,
+        default=4,
+        help="steps after the first that run fully in sync, before the ranks start reusing each other's results "
+        "from the step before (faster, slightly different picture); at least --steps: the exact picture",
+    )
     gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
-    gen.add_argument(
-        "--guidance",
-        type=float,
-        help="classifier-free guidance scale (default: 2 for the built-in models, the pipeline's own otherwise)",
-    )
-    gen.add_argument("--negative-prompt", help="what the image should not show")
-    gen.add_argument(
-        "--device",
-        default="auto",
-        choices=("auto", "cuda", "cpu"),
-        help="where every rank and the one-device reference run (default: auto, CUDA when present, one GPU per rank)",
-    )
-    gen.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", *DTYPES),
-        help="weights and activations (default: auto, float16 on CUDA, float32 on the CPU)",
-    )
+    _add_workload(gen)
     gen.add_argument(
         "--out",
-        help=f"image ({', '.join(('.png', '.jpg', '.webp'))}, ...) or video (.mp4, .gif) file "
-        "(default: paradiff.png, or paradiff.mp4 for video models)",
+        help=f"image ({', '.join(('.png', '.jpg', '.webp'))}, ...) or video (.mp4, .gif) file; with several "
+        "pictures, numbered files beside it (picture-1.png, ...) or a folder (default: paradiff.png, or paradiff.mp4 "
+        "for video models)",
     )
+    gen.add_argument("--overwrite", action="store_true", help="replace output files that already exist")
+    _add_json(gen, "the run's files, seconds, speedup, PSNR, traffic and memory")
     gen.add_argument("--no-baseline", action="store_true", help="skip the one-device reference run")
     gen.add_argument(
         ALLOW_PICKLE_FLAG,

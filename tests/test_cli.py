@@ -170,7 +170,7 @@ def test_help_shows_the_defaults(capsys, command):
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--steps STEPS inference steps (default: 20)" in text
+    assert "--steps STEPS denoising steps (default: 20)" in text
     assert "--nproc NPROC ranks to start (ignored under torchrun) (default: 2)" in text
     assert re.search(r"\(default: paradiff-tiny- ?dit\)", text), "help wraps after a hyphen"
     assert "--seed SEED seed of the initial noise (default: 0)" in text

@@ -1,0 +1,132 @@
+"""The command line's checks that need no model: run in the parent, before any worker starts.
+
+A value the parser accepts can still be one no run can use (a guidance of ``inf``, a seed torch cannot
+take, more ranks than the machine can hold, a world the strategy cannot split). Each is refused here in
+one line (exit status 2), so that no worker is started, and no model loaded, for a run that cannot work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from .errors import ParadiffError
+from .launch import under_torchrun
+
+#: The largest seed ``torch.Generator.manual_seed`` takes (it reads the seed as an unsigned 64-bit integer).
+MAX_SEED = 2**64 - 1
+#: CPU ranks per core beyond which a run only queues for the cores (and each rank holds a copy of the model).
+CPU_RANKS_PER_CORE = 2
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Counts, sizes, guidance, seed and timeout that no run can use."""
+    at_least = {"nproc": 1, "steps": 1, "frames": 1, "warmup": 0, "threads": 0}
+    for option, low in at_least.items():
+        value = getattr(args, option, None)
+        if isinstance(value, int) and value < low:  # bench and plan take --warmup as a list
+            raise ParadiffError(f"--{option} must be at least {low}, got {value}")
+    for option in ("size", "width"):
+        value = getattr(args, option, None)
+        if value is not None and (value < 8 or value % 8):
+            raise ParadiffError(f"--{option} must be a positive multiple of 8, got {value}")
+    guidance = getattr(args, "guidance", None)
+    if guidance is not None and not math.isfinite(guidance):
+        raise ParadiffError(f"--guidance must be a finite number, got {guidance:g}")
+    if guidance is not None and guidance < 0:
+        raise ParadiffError(f"--guidance must be 0 or more, got {guidance:g}")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ParadiffError(f"--seed must be an integer from 0 to 2**64 - 1, got {seed}")
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ParadiffError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+
+
+def seed_value(text: str) -> int:
+    """``--seed``'s type: an integer, also when written as ``1e3`` (a float that is a whole number)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: pass an integer") from None
+    if not (math.isfinite(value) and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"invalid seed {text!r}: pass an integer")
+    return int(value)
+
+
+def visible_gpus(device: str) -> int:
+    """GPUs the ranks would use: none for ``--device cpu``, else those torch sees."""
+    if device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_nproc(args: argparse.Namespace) -> int:
+    """The world size of this run: torchrun's under torchrun, else ``--nproc`` or the machine's default.
+
+    The default is one rank per visible GPU, or 2 on a machine without one. More ranks than the machine
+    can hold are refused: one per GPU under NCCL, :data:`CPU_RANKS_PER_CORE` per core otherwise.
+    """
+    if under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    device = getattr(args, "device", "auto")
+    gpus = visible_gpus(device)
+    nproc = args.nproc if args.nproc is not None else (gpus or 2)
+    if nproc < 1:
+        raise ParadiffError(f"--nproc must be at least 1, got {nproc}")
+    if gpus and os.environ.get("PARADIFF_BACKEND", "auto") != "gloo":
+        if nproc > gpus:
+            raise ParadiffError(
+                f"--nproc {nproc}: NCCL runs one rank per GPU and torch sees {gpus}; use --nproc {gpus} or fewer, "
+                "share the GPUs through gloo (PARADIFF_BACKEND=gloo), or run on the CPU (--device cpu)"
+            )
+        return nproc
+    cores = os.cpu_count() or 1
+    most = max(2, CPU_RANKS_PER_CORE * cores)
+    if nproc > most:
+        raise ParadiffError(
+            f"--nproc {nproc}: this machine has {cores} CPU core{'s' if cores > 1 else ''}, and every rank loads "
+            f"the model and needs a core to gain; use --nproc {min(cores, most) if cores > 1 else 2} (at most {most})"
+        )
+    return nproc
+
+
+def check_world(strategy: str, nproc: int) -> None:
+    """Refuse a world size the strategy cannot run on, as ``parallelize`` would (one rank runs no strategy)."""
+    if nproc < 2 or strategy == "auto":
+        return
+    from .config import ParallelConfig
+    from .strategies import strategy_class
+
+    strategy_class(strategy).degrees(nproc, ParallelConfig(strategy=strategy))
+
+
+def given_prompts(args: argparse.Namespace, positional: list[str] | None = None) -> list[str]:
+    """The prompts of a run, in order: the positional ones, each ``--prompt``, then the lines of ``--prompts-file``.
+
+    Blank lines of the file are skipped; an empty prompt or an unreadable or empty file is refused.
+    """
+    prompts = [*(positional or []), *(getattr(args, "prompt_options", None) or [])]
+    if any(not prompt.strip() for prompt in prompts):
+        raise ParadiffError("a prompt is empty; say what to draw")
+    name = getattr(args, "prompts_file", None)
+    if name is not None:
+        path = Path(name).expanduser()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise ParadiffError(f"cannot read --prompts-file {name}: {reason}") from error
+        from_file = [line.strip() for line in lines if line.strip()]
+        if not from_file:
+            raise ParadiffError(f"--prompts-file {name} holds no prompt (one per line)")
+        prompts += from_file
+    return prompts
