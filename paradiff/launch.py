@@ -10,6 +10,9 @@ worker:
 * a :class:`ParadiffError` on any rank comes back as a :class:`ParadiffError` here;
 * any other exception, or a worker that dies, stops every other worker at once and raises
   :class:`RanksFailed`, whose message is one line and whose ``log`` holds the tracebacks;
+* a worker that shows no sign of life for :data:`SILENT_S` seconds (stopped, or stuck where even its
+  heartbeat thread cannot run) counts as failed in the same way: every worker writes a byte to a pipe
+  of its own every :data:`BEAT_S` seconds, from a thread, whatever its main thread is doing;
 * an interrupt (Ctrl-C) or any exception in the parent kills every worker before it propagates.
 
 Each worker is the leader of a session of its own (``start_new_session``): the terminal's Ctrl-C reaches
@@ -50,6 +53,13 @@ FAILURE_GRACE_S = 1.0
 EXIT_GRACE_S = 10.0
 #: The environment variable that tells a worker which file descriptor carries its result to the parent.
 RESULT_FD_ENV = "PARADIFF_RESULT_FD"
+#: The environment variable naming the file descriptor a worker beats on.
+BEAT_FD_ENV = "PARADIFF_BEAT_FD"
+#: Seconds between two beats of a worker.
+BEAT_S = 0.5
+#: Seconds without a beat after which a worker counts as lost: several beats, so a busy host does not make a
+#: live worker look silent.
+SILENT_S = 5.0
 
 
 def under_torchrun() -> bool:
@@ -121,8 +131,15 @@ class _Worker:
     process: subprocess.Popen
     result_fd: int
     received: bytearray
+    beat_fd: int
+    last_beat: float
     result: tuple | None = None  # ("ok", value) | ("paradiff", message) | ("error", line)
     closed: bool = False
+    beat_closed: bool = False
+
+    def silent_s(self, now: float) -> float:
+        """Seconds since the last beat; 0 once the worker closed its beat pipe (it is exiting)."""
+        return 0.0 if self.beat_closed else now - self.last_beat
 
 
 class _Workers:
@@ -153,6 +170,8 @@ class _Workers:
         for worker in self.workers:
             if not worker.closed:
                 os.close(worker.result_fd)
+            if not worker.beat_closed:
+                os.close(worker.beat_fd)
             if worker.process.stdin is not None:
                 with contextlib.suppress(OSError):
                     worker.process.stdin.close()
@@ -162,7 +181,7 @@ class _Workers:
 
     # --- starting ---------------------------------------------------------------------------------------
 
-    def _environment(self, rank: int, result_fd: int) -> dict:
+    def _environment(self, rank: int, result_fd: int, beat_fd: int) -> dict:
         env = dict(os.environ)
         for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"):
             env.pop(name, None)
@@ -171,7 +190,7 @@ class _Workers:
             LOCAL_RANK=str(rank),
             WORLD_SIZE=str(self.nproc),
             LOCAL_WORLD_SIZE=str(self.nproc),
-            **{RESULT_FD_ENV: str(result_fd)},
+            **{RESULT_FD_ENV: str(result_fd), BEAT_FD_ENV: str(beat_fd)},
         )
         ifname = loopback_ifname()
         if ifname is not None:
@@ -202,6 +221,7 @@ class _Workers:
         )
         for rank in range(self.nproc):
             read_fd, write_fd = os.pipe()
+            beat_read, beat_write = os.pipe()
             output = None if self.verbose or rank == 0 else log_file
             try:
                 process = subprocess.Popen(
@@ -209,17 +229,20 @@ class _Workers:
                     stdin=subprocess.PIPE,
                     stdout=output,
                     stderr=output,
-                    pass_fds=(write_fd,),
-                    env=self._environment(rank, write_fd),
+                    pass_fds=(write_fd, beat_write),
+                    env=self._environment(rank, write_fd, beat_write),
                     start_new_session=True,
                 )
             except BaseException:
                 os.close(read_fd)
+                os.close(beat_read)
                 raise
             finally:
                 os.close(write_fd)
+                os.close(beat_write)
             os.set_blocking(read_fd, False)
-            self.workers.append(_Worker(rank, process, read_fd, bytearray()))
+            os.set_blocking(beat_read, False)
+            self.workers.append(_Worker(rank, process, read_fd, bytearray(), beat_read, time.monotonic()))
             try:
                 for part in (header, payload):
                     process.stdin.write(struct.pack("<Q", len(part)) + part)
@@ -250,14 +273,18 @@ class _Workers:
         return self.workers[0].result[1]
 
     def _poll(self, timeout_s: float) -> None:
-        """Read what the workers sent (waiting up to ``timeout_s`` for something)."""
-        open_fds = {worker.result_fd: worker for worker in self.workers if not worker.closed}
-        if not open_fds:
+        """Read what the workers sent and their beats (waiting up to ``timeout_s`` for something)."""
+        results = {worker.result_fd: worker for worker in self.workers if not worker.closed}
+        beats = {worker.beat_fd: worker for worker in self.workers if not worker.beat_closed}
+        if not results and not beats:
             time.sleep(timeout_s)
             return
-        readable, _, _ = select.select(list(open_fds), [], [], timeout_s)
+        readable, _, _ = select.select([*results, *beats], [], [], timeout_s)
         for fd in readable:
-            worker = open_fds[fd]
+            if fd in beats:
+                self._read_beats(beats[fd])
+                continue
+            worker = results[fd]
             try:
                 chunk = os.read(fd, 1 << 20)
             except BlockingIOError:
@@ -268,6 +295,17 @@ class _Workers:
             os.close(fd)
             worker.closed = True
             worker.result = self._decode(worker)
+
+    def _read_beats(self, worker: _Worker) -> None:
+        try:
+            chunk = os.read(worker.beat_fd, 1 << 12)
+        except BlockingIOError:
+            return
+        if chunk:
+            worker.last_beat = time.monotonic()
+            return
+        os.close(worker.beat_fd)
+        worker.beat_closed = True
 
     def _decode(self, worker: _Worker) -> tuple | None:
         data = bytes(worker.received)
@@ -296,8 +334,9 @@ class _Workers:
         return worker.result is None
 
     def _failures(self) -> list[tuple[str, int, str]]:
-        """``(kind, rank, text)`` for every rank that failed so far: kind is paradiff, signal, error or exit."""
+        """``(kind, rank, text)`` for every rank that failed so far: kind is paradiff, signal, error, exit or silent."""
         failures = []
+        now = time.monotonic()
         for worker in self.workers:
             if worker.result is not None and worker.result[0] != "ok":
                 failures.append((worker.result[0], worker.rank, worker.result[1]))
@@ -307,6 +346,9 @@ class _Workers:
                     failures.append(("signal", worker.rank, f"was killed by {_signal_name(-code)}"))
                 else:
                     failures.append(("exit", worker.rank, f"exited with status {code} without a result"))
+            elif worker.result is None and worker.silent_s(now) > SILENT_S:
+                silence = f"showed no sign of life for {SILENT_S:g} s (stopped or hung)"
+                failures.append(("silent", worker.rank, silence))
         return failures
 
     def _raise(self, failures: list[tuple[str, int, str]]) -> None:
@@ -315,13 +357,15 @@ class _Workers:
         A rank that raised waits to be stopped, so its neighbours' collectives do not break before it
         reports; a rank that died breaks them at once, so its death outranks their exceptions.
         """
-        order = {"paradiff": 0, "signal": 1, "exit": 1, "error": 2}
+        order = {"paradiff": 0, "signal": 1, "exit": 1, "silent": 1, "error": 2}
         kind, rank, text = min(failures, key=lambda failure: (order[failure[0]], failure[1]))
         if kind == "paradiff":
             raise ParadiffError(text)
         self.keep_log = True
         pid = self.workers[rank].process.pid
-        message = f"rank {rank} (pid {pid}) {text}" if kind in ("signal", "exit") else f"rank {rank} failed: {text}"
+        message = (
+            f"rank {rank} (pid {pid}) {text}" if kind in ("signal", "exit", "silent") else f"rank {rank} failed: {text}"
+        )
         with open(self.log, "a") as log:
             log.write(f"--- paradiff: {message}; the other ranks were stopped ---\n")
         raise RanksFailed(message, self.log)

@@ -17,8 +17,11 @@ import signal
 import struct
 import sys
 import threading
+import time
 import traceback
 from datetime import timedelta
+
+from .launch import BEAT_FD_ENV, BEAT_S, RESULT_FD_ENV
 
 
 def _read_part(stream) -> bytes:
@@ -44,6 +47,16 @@ def _watch_parent(stream) -> None:
     except (OSError, ValueError):
         pass
     os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _beat(beat_fd: int, every_s: float) -> None:
+    """Write one byte every ``every_s`` seconds: the parent's sign that this process still runs."""
+    while True:
+        try:
+            os.write(beat_fd, b".")
+        except OSError:  # the parent is gone; _watch_parent ends this process
+            return
+        time.sleep(every_s)
 
 
 def _send(result_fd: int, message: tuple) -> None:
@@ -117,7 +130,9 @@ def _join_group(settings: dict) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops every worker
-    result_fd = int(os.environ.pop("PARADIFF_RESULT_FD"))
+    result_fd = int(os.environ.pop(RESULT_FD_ENV))
+    beat_fd = int(os.environ.pop(BEAT_FD_ENV))
+    threading.Thread(target=_beat, args=(beat_fd, BEAT_S), daemon=True, name="paradiff-beat").start()
     stdin = sys.stdin.buffer
     settings = pickle.loads(_read_part(stdin))
     sys.path[:] = settings["sys_path"]

@@ -143,23 +143,30 @@ def _assert_gone(processes: list[psutil.Process]) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_worker_is_one_line_and_exit_1_and_every_socket_is_on_loopback(tmp_path):
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [(signal.SIGKILL, "was killed by SIGKILL"), (signal.SIGSTOP, "showed no sign of life for 5 s (stopped or hung)")],
+    ids=["killed", "frozen"],
+)
+def test_a_lost_worker_is_one_line_and_exit_1_and_every_socket_is_on_loopback(tmp_path, sent, said):
+    """A killed worker is reported at once, a frozen one (SIGSTOP: alive, silent) once its beats stop: within
+    seconds either way, never after a collective's timeout (the run's --timeout is the default 600 s)."""
     cli = _start_cli(tmp_path, *LONG_RUN)
     try:
         tree, listening = _wait_for_ranks(cli)
         assert listening, "gloo listens while the ranks run"
         assert all(ipaddress.ip_address(address.ip).is_loopback for address in listening), listening
         rank_1 = next(p for p in tree if "paradiff.launch_worker" in _cmdline(p) and p.environ().get("RANK") == "1")
-        rank_1.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
+        rank_1.send_signal(sent)
+        lost = time.monotonic()
         out, err = cli.communicate(timeout=REACT_BOUND_S * 3)
     finally:
         cli.kill()
-    assert time.monotonic() - killed < REACT_BOUND_S
+    assert time.monotonic() - lost < REACT_BOUND_S
     assert cli.returncode == 1, err[-3000:]
     assert err.count("paradiff:") == 1 and "Traceback" not in err, err[-3000:]
     message = err.rstrip("\n").split("\n")[-1].split("\r")[-1]
-    assert f"paradiff: error: rank 1 (pid {rank_1.pid}) was killed by SIGKILL (details in {tmp_path}" in message
+    assert f"paradiff: error: rank 1 (pid {rank_1.pid}) {said} (details in {tmp_path}" in message
     _assert_gone(tree[1:])
 
 
