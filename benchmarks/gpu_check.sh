@@ -12,7 +12,7 @@
 #
 # Writes gpu_bands.json, gpu_strategies.json and the logs to $OUT (the device tool's output folder) or benchmarks/out.
 # diffusers is not installed on the GPU machine: carry its wheel (and transformers', accelerate's) as the
-# device tool's README shows, and install them first. Record the figures in benchmarks/RESULTS.md with the
+# device tool's README shows, and install them first. Record the figures in docs/benchmarks.md with the
 # date and this command.
 set -uo pipefail
 out=${OUT:-benchmarks/out}

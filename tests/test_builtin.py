@@ -131,7 +131,8 @@ def test_builtin_model_follows_prompts(model):
     assert len(places) >= 20 and np.mean(places) >= 0.8 and np.mean(backgrounds) >= 0.8, rates
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+#: Where the built-in prompts are quoted: the README's first command and the built-in models' page.
+DOCS = [Path(__file__).resolve().parents[1] / name for name in ("README.md", "docs/builtin-models.md")]
 
 
 def readme_prompts(text: str) -> list[str]:
@@ -141,9 +142,9 @@ def readme_prompts(text: str) -> list[str]:
 
 
 def test_readme_examples_are_the_checked_ones():
-    """The README shows only prompts the prompt-following test below draws (and shows some)."""
-    shown = readme_prompts(README.read_text())
-    assert shown, "README.md shows no built-in prompt"
+    """The README and docs/builtin-models.md show only prompts the prompt-following test below draws (and some)."""
+    shown = readme_prompts("\n".join(path.read_text() for path in DOCS))
+    assert shown, "neither README.md nor docs/builtin-models.md shows a built-in prompt"
     assert set(shown) <= set(EXAMPLE_PROMPTS), (
         f"not in paradiff.builtin.EXAMPLE_PROMPTS: {set(shown) - set(EXAMPLE_PROMPTS)}"
     )
@@ -155,7 +156,7 @@ def test_readme_examples_are_the_checked_ones():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("model", PICTURE_MODELS)
 def test_example_prompts_are_followed(model):
-    """Each README example at the pipeline's default size, seeds 0 and 1: asked colours in place, asked background."""
+    """Each shown example at the pipeline's default size, seeds 0 and 1: asked colours in place, asked background."""
     kind = TRAINED_MODELS[model]
     pipe = load_pipeline(model)
     pipe.set_progress_bar_config(disable=True)

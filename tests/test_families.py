@@ -4,7 +4,7 @@ Tiny real pipelines (``family_pipelines_image``/``_video``), fp32 on CPU, 2 gloo
 (warm-up over every step) each strategy's output is the one-device output within float round-off, the
 same on every rank, and the pipeline comes back untouched. Which strategies apply is asked of the code
 (``Strategy.supports`` and the pipeline's CFG), so a family or strategy that stops supporting the other
-drops out of the matrix in the README and here alike, and ``test_the_families_run_what_the_matrix_says``
+drops out of the matrix in docs/strategies.md and here alike, and ``test_the_families_run_what_the_matrix_says``
 fails.
 """
 

@@ -1,6 +1,6 @@
 """Which strategy runs which denoiser family, asked of each strategy (``Strategy.supports``), never written by hand.
 
-Refusals name what does work from here, and the README's support matrix is :func:`support_matrix`'s output
+Refusals name what does work from here, and docs/strategies.md's support matrix is :func:`support_matrix`'s output
 (a test holds the two equal).
 """
 

@@ -1,0 +1,125 @@
+"""The documentation stays true: a short README, links that resolve, and commands that run as written.
+
+The commands are the ``bash`` blocks of README.md and docs/cli.md, run on this machine's CPU; commands
+that need a GPU, a hub model or the user's own files belong in ``text`` blocks, which are not run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+LINKED = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "pipelines" / "README.md"]
+RUN = [README, ROOT / "docs" / "cli.md"]
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+
+
+def test_the_readme_is_short_and_undated():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines; move detail into docs/"
+    assert not DATE.findall(text), f"dated figures belong in docs/benchmarks.md: {DATE.findall(text)}"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in ``path``, outside code blocks, with GitHub's ``-1`` suffixes for repeats."""
+    found, repeats = set(), {}
+    for line in FENCE.sub("", path.read_text()).splitlines():
+        heading = re.match(r"#{1,6} (.+)", line)
+        if heading:
+            base = slug(heading.group(1))
+            found.add(f"{base}-{repeats[base]}" if base in repeats else base)
+            repeats[base] = repeats.get(base, 0) + 1
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links in ``path`` (outside code blocks) whose file or ``#anchor`` does not exist."""
+    broken = []
+    for target in LINK.findall(FENCE.sub("", path.read_text())):
+        if re.match(r"[a-z]+:", target):  # http(s), mailto: not checked here
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(f"{target}: no file {linked}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    return broken
+
+
+def test_slugs_follow_github():
+    assert slug('Which strategy pays: `paradiff plan` and `strategy="auto"`') == (
+        "which-strategy-pays-paradiff-plan-and-strategyauto"
+    )
+    assert slug("2026-12-01 — what the ranks' agreement costs (load 0.9)") == (
+        "2026-12-01--what-the-ranks-agreement-costs-load-09"
+    )
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    (tmp_path / "other.md").write_text("# A heading\n")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](other.md#a-heading) [gone](missing.md) [bad](other.md#nope) [self](#top)\n# Top\n")
+    assert broken_links(page) == [
+        f"missing.md: no file {tmp_path / 'missing.md'}",
+        "other.md#nope: no heading #nope in other.md",
+    ]
+
+
+@pytest.mark.parametrize("path", LINKED, ids=lambda path: str(path.relative_to(ROOT)))
+def test_links_resolve(path):
+    assert not broken_links(path), broken_links(path)
+
+
+def commands(path: Path) -> list[str]:
+    """The commands of ``path``'s ``bash`` blocks worth running here: continuations joined, comments
+    dropped, leading ``pip install ... &&`` segments dropped (the test environment has them), and the
+    test command itself and launcher lines (``torchrun``, ``accelerate``) left out."""
+    found = []
+    for language, body in FENCE.findall(path.read_text()):
+        if language != "bash":
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip() if not line.lstrip().startswith("#") else ""
+            parts = [part.strip() for part in line.split("&&")]
+            while parts and parts[0].startswith("pip install"):
+                parts.pop(0)
+            line = " && ".join(parts)
+            if not line or re.search(r"pytest|diffusers_floor\.sh|^(torchrun|accelerate)\b", line):
+                continue
+            found.append(line)
+    return found
+
+
+CASES = [(path, command) for path in RUN for command in commands(path)]
+
+
+def test_the_documented_commands_are_few_and_cheap():
+    """Each command costs seconds to tens of seconds here; the CI budget is a handful."""
+    assert 0 < len(CASES) <= 6, [command for _, command in CASES]
+    assert all(command.startswith("paradiff") for _, command in CASES), "only paradiff commands are run"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("path", "command"), CASES, ids=[f"{path.name}:{command[:60]}" for path, command in CASES])
+def test_documented_command_runs(path, command, tmp_path):
+    args = shlex.split(command)
+    done = subprocess.run(
+        [sys.executable, "-m", "paradiff.cli", *args[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=170
+    )
+    assert done.returncode == 0, f"{path.name}: `{command}` exited {done.returncode}:\n{done.stderr[-2000:]}"
