@@ -126,6 +126,13 @@ def _require_bench_extra() -> None:
             f"paradiff bench needs {', '.join(missing)}, which the core install leaves out; "
             "pip install 'paradiff[bench]'"
         )
+    try:
+        import torchmetrics.functional.image  # noqa: F401
+    except Exception as error:  # PyPI's torchvision (a CUDA build) beside a CPU torch breaks this import
+        raise ParadiffError(
+            f"paradiff bench cannot import torchmetrics' image metrics ({_one_line(error)}); a torchvision not "
+            "built for this torch breaks them: uninstall it, or install the build made for this torch"
+        ) from error
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -140,11 +147,14 @@ def bench(args: argparse.Namespace) -> int:
     from .bench.run import bench_on_rank
 
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
-        results = run_on_ranks(bench_on_rank, job.nproc, job, verbose=args.verbose)
+        results = run_on_ranks(bench_on_rank, job.nproc, job, device=job.device, verbose=args.verbose)
     if results is not None:
-        from .bench.report import write_report
+        import json
 
-        print("\n".join(write_report(job, results)))
+        from .bench.report import summary_json, write_report_files
+
+        written = write_report_files(job, results)
+        print(json.dumps(summary_json(written), indent=2) if args.json else "\n".join(written.lines), flush=True)
     return 0
 
 
@@ -357,8 +367,16 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument(
         "--warmup", default="1,4", help="comma list of warm-up settings (synchronous steps after the first)"
     )
-    ben.add_argument("--prompts", type=int, default=4, help="number of prompts (prompt i uses seed + i)")
+    ben.add_argument(
+        "--prompts",
+        type=int,
+        help="how many built-in scenes to draw when no --prompt or --prompts-file is given (default: 4); "
+        "prompt i uses seed + i",
+    )
+    _add_prompts(ben)
+    _add_workload(ben)
     ben.add_argument("--out", default="paradiff-bench", help="folder for results.json, report.md/html and images")
+    _add_json(ben, "the report's files and, per run, latency, speedup, fidelity and traffic")
     ben.set_defaults(func=bench)
     pla = commands.add_parser(
         "plan",

@@ -14,12 +14,14 @@ from PIL import Image
 from rank_workers import RankFailure
 
 from paradiff import cli
-from paradiff.bench.fidelity import fidelity
+from paradiff.bench import fidelity as fidelity_module
+from paradiff.bench import report
+from paradiff.bench.fidelity import fidelity, lpips_unavailable_reason
 from paradiff.bench.figures import GAP, comparison_grid, difference_heatmap, speedup_psnr_plot
-from paradiff.bench.job import job_from_args
+from paradiff.bench.job import ONE_DEVICE, BenchJob, RunSpec, job_from_args
 from paradiff.bench.prompts import SCENES, bench_prompts
-from paradiff.bench.report import _json_safe
-from paradiff.bench.run import bench_on_rank
+from paradiff.bench.report import _json_safe, metrics_line, summary_json, write_report_files
+from paradiff.bench.run import BenchResults, RunResult, bench_on_rank
 
 MODEL = "paradiff-tiny"
 #: The built-in U-Net's own size, which bench uses without --size: on 2 ranks, bands of 8 of its 16 latent rows.
@@ -89,11 +91,37 @@ def no_workers(monkeypatch):
         (["--warmup", "1,two"], "--warmup takes integers >= 0 (synchronous steps after the first), got 'two'"),
         (["--warmup", "-1"], "--warmup takes integers >= 0"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--nproc", "1"], "bench compares N ranks with one device; use --nproc 2 or more, got 1"),
+        (
+            ["--nproc", "3", "--device", "cpu", "--strategies", "patch,cfg"],
+            "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3",
+        ),
+        (["--guidance", "inf"], "--guidance must be a finite number, got inf"),
+        (["--guidance", "nan"], "--guidance must be a finite number, got nan"),
+        (["--prompt", "a red circle"], "--prompts N draws N built-in scenes; leave it out with --prompt"),
     ],
 )
 def test_bad_input(capsys, no_workers, tmp_path, argv, message):
     assert cli.main([*BENCH, "--out", str(tmp_path), *argv]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read --prompts-file {file}: No such file or directory"),
+        ("\n  \n", "--prompts-file {file} holds no"),
+    ],
+)
+def test_a_missing_or_empty_prompts_file(capsys, no_workers, tmp_path, content, message):
+    file = tmp_path / "prompts.txt"
+    if content is not None:
+        file.write_text(content)
+    argv = ["bench", "--model", MODEL, "--prompts-file", str(file), "--out", str(tmp_path / "report")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message.format(file=file) in err and err.count("\n") == 1, err
 
 
 def test_an_out_folder_that_cannot_be_created(capsys, no_workers, tmp_path):
@@ -158,3 +186,100 @@ def test_a_missing_bench_extra_is_named(capsys, no_workers, tmp_path, monkeypatc
     assert cli.main([*BENCH, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "paradiff bench needs matplotlib" in err and "pip install 'paradiff[bench]'" in err
+
+
+def test_the_recorded_command_reproduces_the_users_workload(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a blue square\n\n  a green circle  \n")
+    workload = ["--guidance", "3.25", "--negative-prompt", "a red 'x'", "--dtype", "bfloat16", "--device", "cpu"]
+    argv = ["bench", "--model", MODEL, "--out", str(tmp_path), "--prompt", "a red circle", "--prompts-file"]
+    job = job_from_args(cli.build_parser().parse_args([*argv, str(prompts), *workload]), threads=1)
+    assert job.prompt_list() == ["a red circle", "a blue square", "a green circle"] and job.prompts == 3
+    assert (job.guidance, job.negative_prompt, job.dtype, job.device) == (3.25, "a red 'x'", "bfloat16", "cpu")
+    command = shlex.split(job.command())
+    assert "--prompts" not in command and command.count("--prompt") == 3, "the file's prompts are spelled out"
+    again = cli.build_parser().parse_args(command[1:])
+    assert job_from_args(again, threads=again.threads) == job
+    default = job_from_args(cli.build_parser().parse_args(["bench", "--out", str(tmp_path)]), threads=1)
+    assert default.prompts == 4 and default.prompt_list() == list(SCENES[:4])
+
+
+@pytest.mark.timeout(240)
+def test_bench_on_the_default_model_with_the_users_prompt_as_json(capfd, tmp_path):
+    """The default model (PixArt, DPM-Solver++), whose one-step path the preflight image must not take."""
+    out = tmp_path / "report"
+    argv = ["bench", "--nproc", "2", "--steps", "4", "--size", "256", "--strategies", "cfg", "--out", str(out)]
+    workload = ["--prompt", "a small blue square in the center on a black background", "--guidance", "3"]
+    assert cli.main([*argv, *workload, "--dtype", "float32", "--device", "cpu", "--json"]) == 0, capfd.readouterr().err
+    captured = capfd.readouterr()
+    summary = json.loads(captured.out)  # nothing but the JSON object on stdout
+    assert "[bench] 2/2 cfg: prompt 1/1 ..." in captured.err, "--json: the progress lines go to stderr"
+    assert summary["out"] == str(out) and {f"{out}/{name}" for name in ("report.html", "results.json")} <= set(
+        summary["files"]
+    )
+    assert all((out / name).is_file() for name in summary["files"]) and str(out / "grid-cfg.png") in summary["files"]
+    one, cfg = summary["rows"]
+    assert set(one) == set(report.JSON_ROW_KEYS)
+    assert (one["run"], one["strategy"], one["warmup"], one["speedup"]) == ("one device", None, None, 1.0)
+    assert cfg["strategy"] == "cfg" and cfg["bytes_per_step"] > 0 and cfg["latency_s"] > 0 and cfg["ssim"] > 0.99
+    assert (cfg["lpips"] is None) == ("LPIPS" not in summary["metrics"]) and summary["metrics"][:2] == ["PSNR", "SSIM"]
+
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["prompts"] == [workload[1]] and not config["builtin_prompts"]
+    assert (config["guidance"], config["dtype"], config["device_option"], config["size"]) == (
+        3.0,
+        "float32",
+        "cpu",
+        256,
+    )
+    assert summary["command"] == config["command"] and "--guidance 3.0" in config["command"]
+    assert "--prompt 'a small blue square" in config["command"]
+    assert metrics_line(lpips_unavailable_reason()) in (out / "report.md").read_text()
+
+
+def made_up_image_job(out) -> tuple[BenchJob, BenchResults]:
+    rng = np.random.default_rng(0)
+    images = [rng.random((16, 16, 3)) for _ in range(2)]
+    runs = []
+    for strategy, outputs in [(None, images), ("patch", [np.clip(image + 0.01, 0, 1) for image in images])]:
+        run = RunResult(ONE_DEVICE if strategy is None else RunSpec(strategy, 1))
+        for output in outputs:
+            run.add(output, 1.0 if strategy is None else 0.5, {} if strategy is None else {"bytes_per_step": 2e6})
+        runs.append(run)
+    job = BenchJob(MODEL, ("patch",), (1,), 2, 2, 3, 16, 0, 1, str(out))
+    return job, BenchResults(["a red circle", "a blue square"], runs, world_size=2, device="cpu", dtype="float32")
+
+
+def test_every_report_says_which_metrics_ran(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "lpips_unavailable_reason", lambda: "no backbone here")
+    written = write_report_files(*made_up_image_job(tmp_path))
+    line = "metrics: PSNR, SSIM; LPIPS skipped: no backbone here"
+    assert line in written.lines
+    assert line in (tmp_path / "report.md").read_text() and line in (tmp_path / "report.html").read_text()
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["metrics"] == ["PSNR", "SSIM"] and document["lpips"] == "skipped: no backbone here"
+    summary = summary_json(written)
+    assert summary["metrics"] == ["PSNR", "SSIM"] and [row["lpips"] for row in summary["rows"]] == [None, None]
+    assert summary["rows"][0]["psnr_db"] is None, "identical: PSNR is infinite, null in JSON"
+    assert summary["rows"][1]["speedup"] == 2.0 and summary["rows"][1]["bytes_per_step"] == 2e6
+    assert metrics_line(None) == "metrics: PSNR, SSIM, LPIPS"
+
+
+def test_lpips_names_a_torchvision_that_does_not_import(monkeypatch):
+    real = fidelity_module.importlib.util.find_spec
+    monkeypatch.setattr(
+        fidelity_module.importlib.util, "find_spec", lambda name: object() if name == "torchvision" else real(name)
+    )
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # importing it raises ImportError
+    reason = lpips_unavailable_reason()
+    assert reason.startswith("torchvision does not import beside torch ") and "torchvision" in reason.split(": ", 1)[1]
+
+
+def test_a_torchvision_that_breaks_torchmetrics_is_named(capsys, no_workers, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchmetrics.functional.image", None)  # importing it raises ImportError
+    assert cli.main([*BENCH, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "paradiff bench cannot import torchmetrics' image metrics (ModuleNotFoundError: " in err
+        and err.count("\n") == 1
+    )

@@ -3,8 +3,8 @@
 Images go through torchmetrics' functional API, in [0, 1]. Videos are scored frame by frame with
 :mod:`paradiff.metrics` (the same SSIM figure as torchmetrics'), since a single bad frame matters
 in a video: each frame's PSNR and SSIM, their mean and worst, and the flicker of both videos.
-LPIPS needs torchvision and the ImageNet AlexNet weights in torch's hub cache; paradiff never
-downloads them, it reports why LPIPS was skipped.
+LPIPS needs torchvision (the build for this torch) and the ImageNet AlexNet weights in torch's hub
+cache; paradiff never downloads them, it reports why LPIPS was skipped.
 """
 
 from __future__ import annotations
@@ -26,12 +26,18 @@ from ..metrics import frame_changes, psnr, ssim
 def lpips_unavailable_reason() -> str | None:
     """Why LPIPS cannot run here without a download, or None when it can."""
     if importlib.util.find_spec("torchvision") is None:
-        return "torchvision is not installed (torchmetrics' LPIPS takes its AlexNet backbone from torchvision)"
-    import torchvision
-
+        return (
+            "torchvision is not installed; torchmetrics' LPIPS takes its AlexNet backbone from torchvision, "
+            f"which must be the build made for this torch ({torch.__version__}; PyPI's Linux wheels are CUDA "
+            "builds that do not load beside a CPU torch), with the ImageNet AlexNet weights in torch's hub cache"
+        )
+    try:
+        import torchvision
+    except Exception as error:  # e.g. a CUDA build beside a CPU torch: "operator torchvision::nms does not exist"
+        return f"torchvision does not import beside torch {torch.__version__}: {' '.join(str(error).split())}"
     cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(torchvision.models.AlexNet_Weights.DEFAULT.url).name
     if not cached.is_file():
-        return f"the AlexNet weights are not in torch's hub cache ({cached}) and paradiff downloads nothing"
+        return f"the ImageNet AlexNet weights are not in torch's hub cache ({cached}) and paradiff downloads nothing"
     return None
 
 

@@ -9,10 +9,15 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cli_checks import check_world, given_prompts, resolve_nproc
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
 from ..strategies import strategy_class
+from .prompts import bench_prompts
+
+#: How many built-in scenes bench draws when neither ``--prompts`` nor ``--prompt``/``--prompts-file`` is given.
+DEFAULT_PROMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,18 @@ class BenchJob:
     call: tuple = ()
     #: Width in pixels when it differs from ``size`` (the height).
     width: int | None = None
+    #: The user's prompts (``--prompt``, ``--prompts-file``); empty: ``prompts`` built-in scenes.
+    prompt_texts: tuple[str, ...] = ()
+    device: str = "auto"  # auto (CUDA when present), cuda or cpu: every rank and the one-device run
+    dtype: str = "auto"  # auto (float16 on CUDA, float32 on the CPU) or one of cli_generate.DTYPES
+    guidance: float | None = None  # None: the built-in models' own (2), the pipeline's default otherwise
+    negative_prompt: str | None = None
+    #: ``--json``: the progress lines go to stderr, so that stdout holds only the JSON object.
+    json: bool = False
+
+    def prompt_list(self, video: bool = False) -> list[str]:
+        """The prompts every run draws: the user's, or ``prompts`` built-in scenes (moving ones for video)."""
+        return list(self.prompt_texts) if self.prompt_texts else bench_prompts(self.prompts, video=video)
 
     def runs(self) -> list[RunSpec]:
         """The baseline first, then every strategy × warm-up in the order given (once for exact strategies)."""
@@ -64,37 +81,53 @@ class BenchJob:
             "--strategies": ",".join(self.strategies),
             "--warmup": ",".join(map(str, self.warmups)),
             "--nproc": self.nproc,
-            "--prompts": self.prompts,
+            "--prompts": None if self.prompt_texts else self.prompts,
             "--steps": self.steps,
             "--size": self.size,
             "--width": self.width,
             "--seed": self.seed,
             "--threads": self.threads,
+            "--device": self.device,
+            "--dtype": self.dtype,
+            "--guidance": self.guidance,
+            "--negative-prompt": self.negative_prompt,
             "--out": self.out,
         }
         given = {option: value for option, value in options.items() if value is not None}
+        prompts = [part for prompt in self.prompt_texts for part in ("--prompt", prompt)]
         calls = [part for key, value in self.call for part in ("--call", f"{key}={json.dumps(value)}")]
-        return shlex.join(["paradiff", "bench", *(str(part) for item in given.items() for part in item), *calls])
+        parts = [str(part) for item in given.items() for part in item]
+        return shlex.join(["paradiff", "bench", *parts, *prompts, *calls])
 
 
 def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
-    """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker."""
+    """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker.
+
+    The world size is ``cli_checks.resolve_nproc``'s (torchrun's, ``--nproc`` or the machine's default).
+    """
     for option in ("nproc", "prompts", "steps", "size", "width"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ParadiffError(f"--{option} must be at least 1, got {value}")
+    nproc = resolve_nproc(args)
+    if nproc < 2:
+        raise ParadiffError(f"bench compares N ranks with one device; use --nproc 2 or more, got {nproc}")
+    texts = tuple(given_prompts(args))
+    if texts and args.prompts is not None:
+        raise ParadiffError("--prompts N draws N built-in scenes; leave it out with --prompt or --prompts-file")
     strategies = comma_list(args.strategies, "--strategies")
     warmups = tuple(warmup_setting(item) for item in comma_list(args.warmup, "--warmup"))
     for strategy in strategies:
         ParallelConfig(strategy=strategy)  # raises "unknown strategy 'x'; available: ..."
+        check_world(strategy, nproc)  # raises "strategy='cfg' runs ... got a world of 3 ..."
     check_model(args.model)
     _make_writable_folder(args.out)
     return BenchJob(
         model=args.model,
         strategies=strategies,
         warmups=warmups,
-        nproc=args.nproc,
-        prompts=args.prompts,
+        nproc=nproc,
+        prompts=len(texts) if texts else (args.prompts or DEFAULT_PROMPTS),
         steps=args.steps,
         size=args.size or default_size(args.model),
         width=args.width,
@@ -102,6 +135,12 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
         threads=threads,
         out=args.out,
         call=call_arguments(args.call),
+        prompt_texts=texts,
+        device=args.device,
+        dtype=args.dtype,
+        guidance=args.guidance,
+        negative_prompt=args.negative_prompt,
+        json=getattr(args, "json", False),
     )
 
 

@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import statistics
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -56,36 +57,103 @@ VIDEO_TABLE_HEADERS = (
 )
 
 
+@dataclass
+class WrittenReport:
+    """What :func:`write_report_files` wrote: the results.json document, the files (in ``out``) and the lines to
+    print."""
+
+    out: Path
+    document: dict
+    files: list[str]
+    lines: list[str]
+
+
 def write_report(job: BenchJob, results: BenchResults) -> list[str]:
     """Write every report file into ``job.out``; returns the lines to print."""
+    return write_report_files(job, results).lines
+
+
+def write_report_files(job: BenchJob, results: BenchResults) -> WrittenReport:
+    """Write every report file into ``job.out``: results.json, report.md, report.html and the figures."""
     out = Path(job.out)
     skipped = lpips_unavailable_reason()
     baseline = results.runs[0]
     video = baseline.outputs[0].ndim == 4
     rows = [_row(job, results.prompts, run, baseline, skipped is None, video) for run in results.runs]
     media = _video_figures(out, results, rows) if video else None
+    figures = [] if media is None else [*media["strips"], *media["previews"], media["flicker_plot"]]
     for row, run in zip(rows, results.runs, strict=True):
         if row.get("grid"):
             save_png(comparison_grid(run.outputs, baseline.outputs), out / row["grid"])
+            figures.append(row["grid"])
     if video:  # the worst frame: infinite, on the plot's "identical" line, only when every frame is identical
         points = [(row["run"], row["speedup"], row["psnr_db_worst"]) for row in rows[1:]]
         speedup_psnr_plot(points, out / PLOT_FILE, "worst-frame PSNR vs one device (dB, any prompt)")
     else:
         speedup_psnr_plot([(row["run"], row["speedup"], row["psnr_db"]) for row in rows[1:]], out / PLOT_FILE)
+    figures.append(PLOT_FILE)
     lpips_status = "ok" if skipped is None else f"skipped: {skipped}"
+    metrics = metrics_line(skipped)
     config = _config(job, results, video)
-    document = {"config": config, "rows": rows, "lpips": lpips_status}
+    document = {"config": config, "rows": rows, "metrics": ran_metrics(skipped), "lpips": lpips_status}
     if media is not None:
         document["video"] = media
     (out / "results.json").write_text(json.dumps(_json_safe(document), indent=2, allow_nan=False) + "\n")
     table = _markdown_table(rows, video)
-    (out / "report.md").write_text(_markdown(config, rows, table, lpips_status, media))
-    (out / "report.html").write_text(_html(config, rows, lpips_status, media))
-    lines = [table]
-    if skipped is not None:
-        lines.append(f"LPIPS skipped: {skipped}")
+    (out / "report.md").write_text(_markdown(config, rows, table, metrics, media))
+    (out / "report.html").write_text(_html(config, rows, metrics, media))
+    lines = [table, metrics]
     lines.append(f"wrote {out / 'report.html'}, report.md, results.json and the images into {out}")
-    return lines
+    return WrittenReport(out, document, ["report.html", "report.md", "results.json", *figures], lines)
+
+
+def ran_metrics(lpips_skipped: str | None) -> list[str]:
+    """The fidelity metrics the report holds."""
+    return ["PSNR", "SSIM"] if lpips_skipped is not None else ["PSNR", "SSIM", "LPIPS"]
+
+
+def metrics_line(lpips_skipped: str | None) -> str:
+    """``metrics: PSNR, SSIM, LPIPS``, or ``metrics: PSNR, SSIM; LPIPS skipped: <why>``."""
+    line = f"metrics: {', '.join(ran_metrics(lpips_skipped))}"
+    return line if lpips_skipped is None else f"{line}; LPIPS skipped: {lpips_skipped}"
+
+
+#: The keys of each run in ``paradiff bench --json``.
+JSON_ROW_KEYS = (
+    "run",
+    "strategy",
+    "warmup",
+    "latency_s",
+    "speedup",
+    "psnr_db",
+    "ssim",
+    "lpips",
+    "bytes_per_step",
+    "wait_s",
+)
+
+
+def summary_json(written: WrittenReport) -> dict:
+    """``paradiff bench --json``'s object: the files written (paths), the metrics and, per run, its figures.
+
+    Every figure is a number, or null: ``psnr_db`` of a run identical to one device (infinite), ``lpips``
+    when LPIPS was skipped (``lpips`` then says why), ``warmup`` and ``strategy`` where they do not apply.
+    """
+    document = written.document
+    rows = [{key: row[key] for key in JSON_ROW_KEYS} for row in document["rows"]]
+    for row, full in zip(rows, document["rows"], strict=True):
+        if "psnr_db_worst" in full:
+            row |= {"psnr_db_worst": full["psnr_db_worst"], "ssim_worst": full["ssim_worst"]}
+    summary = {
+        "out": str(written.out),
+        "files": [str(written.out / name) for name in written.files],
+        "command": document["config"]["command"],
+        "nproc": document["config"]["nproc"],
+        "metrics": document["metrics"],
+        "lpips": document["lpips"],
+        "rows": rows,
+    }
+    return _json_safe(summary)
 
 
 def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult, with_lpips: bool, video: bool) -> dict:
@@ -174,6 +242,13 @@ def _config(job: BenchJob, results: BenchResults, video: bool) -> dict:
         "width": first.shape[2 if video else 1],
         "seed": job.seed,
         "prompts": results.prompts,
+        "builtin_prompts": not job.prompt_texts,  # False: the user's --prompt / --prompts-file
+        "device_option": job.device,
+        "dtype_option": job.dtype,
+        "dtype": results.dtype or job.dtype,
+        "guidance": job.guidance,  # None: the built-in models' own (2), the pipeline's default otherwise
+        "negative_prompt": job.negative_prompt,
+        "call": dict(job.call),
         "machine": {
             "cpu_count": os.cpu_count(),
             "torch": torch.__version__,
@@ -295,6 +370,13 @@ def _settings(config: dict) -> list[tuple[str, str]]:
         ("size", f"{config['size']}×{config.get('width', config['size'])} px{frames}"),
         ("steps", str(config["steps"])),
         (
+            "workload",
+            f"--device {config['device_option']}, {config['dtype']} (--dtype {config['dtype_option']}), guidance "
+            f"{'default' if config['guidance'] is None else format(config['guidance'], 'g')}"
+            + ("" if config["negative_prompt"] is None else f", negative prompt {config['negative_prompt']!r}")
+            + ("".join(f", {key}={value!r}" for key, value in config["call"].items())),
+        ),
+        (
             "ranks",
             f"{config['nproc']} ({config['threads_per_rank']} torch thread(s) per rank, and for the one-device run)",
         ),
@@ -304,13 +386,13 @@ def _settings(config: dict) -> list[tuple[str, str]]:
     ]
 
 
-def _markdown(config: dict, rows: list[dict], table: str, lpips_status: str, media: dict | None) -> str:
+def _markdown(config: dict, rows: list[dict], table: str, metrics: str, media: dict | None) -> str:
     lines = [f"# paradiff bench: {config['model']}", ""]
     lines += [
         f"- **{name}**: `{value}`" if name == "command" else f"- **{name}**: {value}"
         for name, value in _settings(config)
     ]
-    lines += ["", table, "", f"LPIPS: {lpips_status}", ""]
+    lines += ["", table, "", metrics, ""]
     lines += [f"- {note}" for note in config["notes"]]
     lines += ["", f"![speedup vs PSNR]({PLOT_FILE})", ""]
     for row in rows:
@@ -381,7 +463,7 @@ img { max-width: 100%; image-rendering: pixelated; } .notes { color: #555; font-
 """
 
 
-def _html(config: dict, rows: list[dict], lpips_status: str, media: dict | None) -> str:
+def _html(config: dict, rows: list[dict], metrics: str, media: dict | None) -> str:
     esc = html.escape
     settings = "".join(
         f"<dt>{esc(name)}</dt><dd>{f'<code>{esc(value)}</code>' if name == 'command' else esc(value)}</dd>"
@@ -389,7 +471,7 @@ def _html(config: dict, rows: list[dict], lpips_status: str, media: dict | None)
     )
     video = media is not None
     table = _html_table(VIDEO_TABLE_HEADERS if video else TABLE_HEADERS, [_cells(row, video) for row in rows])
-    notes = "".join(f"<li>{esc(note)}</li>" for note in [f"LPIPS: {lpips_status}", *config["notes"]])
+    notes = "".join(f"<li>{esc(note)}</li>" for note in [metrics, *config["notes"]])
     grids = "".join(
         f'<h2>{esc(row["run"])}</h2><p>{esc(_grid_caption())}</p><img src="{esc(row["grid"])}" alt="{esc(row["run"])}">'
         for row in rows

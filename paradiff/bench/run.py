@@ -8,6 +8,7 @@ frames of a video pipeline) and timings.
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,10 +20,10 @@ import torch.distributed as dist
 
 import paradiff
 
+from ..cli_generate import rank_device, torch_dtype
 from ..loading import load_pipeline, makes_video, prompt_kwargs, size_kwargs
-from ..runtime.distributed import ensure_process_group, env_world_size, local_device
+from ..runtime.distributed import ensure_process_group, env_world_size
 from .job import BenchJob, RunSpec
-from .prompts import bench_prompts
 
 #: The longest a rank waits for another: one one-device image, while the other ranks sit at a barrier.
 WAIT_TIMEOUT = timedelta(minutes=30)
@@ -56,6 +57,7 @@ class BenchResults:
     runs: list[RunResult]
     world_size: int
     device: str
+    dtype: str | None = None  # what every run computed in, e.g. "float32"
 
 
 def bench_on_rank(job: BenchJob) -> BenchResults | None:
@@ -65,10 +67,17 @@ def bench_on_rank(job: BenchJob) -> BenchResults | None:
     if world_size > 1:
         ensure_process_group(WAIT_TIMEOUT)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    pipe = load_pipeline(job.model).to(local_device())
+    device = rank_device(job.device)
+    dtype = torch_dtype(job.dtype, device)
+    pipe = load_pipeline(job.model, dtype=dtype).to(device)
     pipe.set_progress_bar_config(disable=rank != 0)
-    prompts = bench_prompts(job.prompts, video=makes_video(pipe))
-    inputs = [prompt_kwargs(pipe, job.model, prompt, extra=job.call) for prompt in prompts]
+    prompts = job.prompt_list(video=makes_video(pipe))
+    inputs = [
+        prompt_kwargs(
+            pipe, job.model, prompt, guidance=job.guidance, negative_prompt=job.negative_prompt, extra=job.call
+        )
+        for prompt in prompts
+    ]
     specs = job.runs()
     _preflight(pipe, job, specs[1], inputs[0])
     runs = []
@@ -76,7 +85,7 @@ def bench_on_rank(job: BenchJob) -> BenchResults | None:
         runs.append(_run(pipe, job, spec, inputs, rank, world_size, f"[bench] {number}/{len(specs)} {spec.label}"))
     if rank != 0:
         return None
-    return BenchResults(prompts, runs, world_size, _device_name(pipe.device))
+    return BenchResults(prompts, runs, world_size, _device_name(pipe.device), str(dtype).removeprefix("torch."))
 
 
 def _preflight(pipe, job: BenchJob, spec: RunSpec, inputs: dict) -> None:
@@ -102,7 +111,8 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
                 output, seconds = _generate(pipe, kwargs, size_kwargs(job.size, job.width), job.steps, job.seed + index)
                 run.add(output, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
                 if rank == 0:
-                    print(f"{title}: prompt {index + 1}/{len(inputs)} ... {seconds:.2f} s", flush=True)
+                    line = f"{title}: prompt {index + 1}/{len(inputs)} ... {seconds:.2f} s"
+                    print(line, file=sys.stderr if job.json else sys.stdout, flush=True)
         _barrier()
     return run
 
