@@ -314,15 +314,21 @@ def test_the_overlap_timing_issues_the_same_transfers_on_every_rank(pool2):
         assert 0.0 <= overlap <= 1.0
 
 
-def auto_against_one_device(fidelity: str) -> dict:
+def auto_against_one_device(fidelity: str, model: str | None = None) -> dict:
+    """``strategy="auto"`` against one device: on the tiny SD pipeline, or the built-in ``model`` (as loaded)."""
     import numpy as np
 
     import paradiff
+    from paradiff.loading import load_pipeline, prompt_kwargs
 
-    pipe = build_pipeline("sd")
+    if model is None:
+        pipe = build_pipeline("sd")
+    else:
+        pipe = load_pipeline(model, dtype=torch.float32)
+        pipe.set_progress_bar_config(disable=True)
 
     def draw():
-        inputs = prompt_inputs(pipe, "sd")
+        inputs = prompt_inputs(pipe, "sd") if model is None else prompt_kwargs(pipe, model, "a red circle")
         generator = torch.Generator().manual_seed(0)
         return pipe(**inputs, height=SIZE, width=SIZE, num_inference_steps=6, generator=generator, output_type="np")
 
@@ -350,6 +356,16 @@ def test_auto_plans_its_first_call_and_stays_exact(pool2):
         assert result["exact"] and result["error"] <= 1e-5, result["reason"]
         assert result["strategy"] == results[0]["strategy"] and "predicted over one device" in result["reason"]
         assert (result["images"] == results[0]["images"]).all()
+
+
+@pytest.mark.timeout(240)
+def test_auto_plans_the_first_call_of_pixart_under_dpm_solver(pool2):
+    """The planner calls the pipeline itself (the decode's timing among them) with 2 steps, not 1: the built-in
+    PixArtAlphaPipeline's one-step path indexes a scheduler result DPM-Solver++ does not return (IndexError)."""
+    results = pool2.run(auto_against_one_device, "exact", "paradiff-tiny-dit")
+    for result in results:
+        assert result["exact"] and result["error"] <= 1e-5, result["reason"]
+        assert result["strategy"] == results[0]["strategy"]
 
 
 def test_auto_refuses_options_it_decides_itself():

@@ -9,7 +9,7 @@ Every figure comes from a short timing (a few denoiser calls and transfers, seco
 * the overlap: a denoiser call while an all-gather of a displaced step's bytes runs in the background,
   against the two one after the other;
 * the call outside the loop: the time until the first denoiser call (prompt encoding) and the rest of a
-  one-step call (the VAE decode).
+  two-step call with the denoiser skipped (the VAE decode; not one step, which some pipelines run apart).
 """
 
 from __future__ import annotations

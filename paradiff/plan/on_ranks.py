@@ -11,7 +11,7 @@ from .costs import Fixed
 from .frame_blocks import block_loop
 from .hardware import hardware_profile
 from .job import PLAN_PROMPT, Plan, PlanJob, predictions, runnable_strategies
-from .workload import denoiser_skipped, pipeline_workload
+from .workload import PLAN_STEPS, denoiser_skipped, pipeline_workload
 
 
 def part_height(pipe, height: int, nproc: int) -> int:
@@ -87,13 +87,13 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     rank = dist.get_rank() if dist.is_initialized() else 0
     denoiser = find_denoiser(pipe)
     dtype = next(denoiser.parameters()).dtype
-    workload, full = pipeline_workload(pipe, lambda: call(size, 2, "latent"), dtype)
+    workload, full = pipeline_workload(pipe, lambda: call(size, PLAN_STEPS, "latent"), dtype)
     family = family_of(denoiser, any_model=True)
     forcing = frame_blocks_of(family) is not None and makes_block_schedules(pipe)
     blocks = block_loop(pipe, lambda: call(size, job.steps, "latent"), dtype, (workload, full)) if forcing else None
     start = time.perf_counter()
     part_size = part_height(pipe, size, max(job.nproc, 2))
-    part_workload, part = pipeline_workload(pipe, lambda: call(part_size, 2, "latent"), dtype)
+    part_workload, part = pipeline_workload(pipe, lambda: call(part_size, PLAN_STEPS, "latent"), dtype)
     encode_s = time.perf_counter() - start
 
     def run(captured):
@@ -104,8 +104,8 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     fixed = Fixed()
     if job.hardware is None:
         if rank == 0:
-            with denoiser_skipped(pipe, dtype):
-                decode_s = fastest(lambda: call(size, 1, "pil"), device, repeats=1) - encode_s
+            with denoiser_skipped(pipe, dtype):  # not 1 step: PixArt's one-step path fails under DPM-Solver++
+                decode_s = fastest(lambda: call(size, PLAN_STEPS, "pil"), device, repeats=1) - encode_s
             decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
             banded = decoder is not None and decoder_family_of(decoder) is not None
             fixed = Fixed(encode_s=encode_s, decode_s=max(decode_s, 0.0), decode_banded=banded)

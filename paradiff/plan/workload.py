@@ -32,6 +32,9 @@ from ..models.base import bind_inputs
 
 CAPTURE_HOOK = "paradiff_plan_capture"
 SKIP_HOOK = "paradiff_plan_skip"
+#: Steps of every pipeline call the planner makes itself: the fewest that take the pipeline's ordinary path
+#: (PixArt with DPM-Solver++ has a one-step path that fails).
+PLAN_STEPS = 2
 
 
 @dataclass(frozen=True)
