@@ -15,18 +15,20 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
 import os
 import signal
 import sys
 import tempfile
 import traceback
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 from . import __version__
-from .cli_checks import check_numbers, given_prompts, resolve_nproc, seed_value
-from .cli_generate import DTYPES, GenerateJob, generate_on_rank, output_kind
-from .cli_output import quiet_output, summary_lines, times_sign
+from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value
+from .cli_generate import DTYPES, GenerateJob, generate_on_rank
+from .cli_output import generate_json, quiet_output, summary_lines, times_sign
 from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, run_on_ranks, under_torchrun
 from .loading import (
@@ -37,7 +39,9 @@ from .loading import (
     check_model,
     default_size,
     default_strategy,
+    video_model,
 )
+from .output_files import check_writable, output_kind, output_paths
 from .plan.architectures import architecture_names
 from .plan.hardware import hardware_names
 from .strategies import strategy_names
@@ -47,26 +51,6 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 
 class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so that every ``finally`` (the workers' cleanup) runs."""
-
-
-def _check_out(out: str | None) -> None:
-    """Refuse an ``--out`` whose extension paradiff cannot write or that cannot be created (tried for real)."""
-    output_kind(out)
-    path = Path(out).expanduser() if out else Path.cwd() / "paradiff.png"
-    name = out or str(path)
-    if path.is_dir():
-        raise ParadiffError(f"--out {name} is a folder; name a file")
-    folder = path.absolute().parent
-    if not folder.is_dir():
-        raise ParadiffError(f"cannot write {name}: folder {folder} does not exist")
-    existed = path.exists()
-    try:
-        with open(path, "ab" if existed else "xb"):
-            pass
-    except OSError as error:
-        raise ParadiffError(f"cannot write {name}: {error.strerror or error}") from error
-    if not existed:
-        path.unlink(missing_ok=True)
 
 
 def _threads_per_rank(args: argparse.Namespace, nproc: int) -> int:
@@ -84,10 +68,12 @@ def generate(args: argparse.Namespace) -> int:
     if not prompts:
         raise ParadiffError('say what to draw: paradiff generate "a prompt" (or --prompt, --prompts-file)')
     nproc = resolve_nproc(args)
+    strategy = args.strategy or default_strategy(args.model)
+    check_world(strategy, nproc)
     job = GenerateJob(
-        prompt=prompts[0],
+        prompts=tuple(prompts),
         model=args.model,
-        strategy=args.strategy or default_strategy(args.model),
+        strategy=strategy,
         nproc=nproc,
         steps=args.steps,
         size=args.size or default_size(args.model),
@@ -95,7 +81,7 @@ def generate(args: argparse.Namespace) -> int:
         frames=args.frames,
         seed=args.seed,
         warmup=args.warmup,
-        out=None if args.out is None else str(Path(args.out).expanduser()),
+        out=args.out,
         baseline=not args.no_baseline,
         threads=_threads_per_rank(args, nproc),
         device=args.device,
@@ -104,15 +90,40 @@ def generate(args: argparse.Namespace) -> int:
         negative_prompt=args.negative_prompt,
         allow_pickle=args.allow_pickle,
         call=call_arguments(args.call),
+        overwrite=args.overwrite,
+        timeout_s=args.timeout,
     )
-    _check_out(job.out)
+    _check_outputs(job)
     with quiet_output(args.verbose, libraries=False):
         check_model(job.model)
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
-        report = run_on_ranks(generate_on_rank, job.nproc, job, device=job.device, verbose=args.verbose)
+        report = run_on_ranks(
+            generate_on_rank, job.nproc, job, device=job.device, verbose=args.verbose, timeout=_timeout(args)
+        )
     if report:
-        print("\n".join(summary_lines(report, job.phase, times_sign())), flush=True)
+        text = (
+            json.dumps(generate_json(report, job), indent=2)
+            if args.json
+            else "\n".join(summary_lines(report, job.phase, times_sign()))
+        )
+        print(text, flush=True)
     return 0
+
+
+def _check_outputs(job: GenerateJob) -> None:
+    """The files the pictures will go to, refused before any worker starts if they exist or cannot be written.
+
+    The kind (image or video) is known here for the built-in models and from ``--out``'s extension; a model
+    read from a folder is checked again, as what it makes, once loaded.
+    """
+    kind = output_kind(job.out) or ("video" if video_model(job.model) else "image")
+    per_prompt = dict(job.call).get("num_images_per_prompt", dict(job.call).get("num_videos_per_prompt", 1))
+    count = len(job.prompts) * (per_prompt if isinstance(per_prompt, int) and per_prompt > 0 else 1)
+    check_writable(output_paths(job.out, kind, count), job.overwrite)
+
+
+def _timeout(args: argparse.Namespace) -> timedelta:
+    return timedelta(seconds=args.timeout)
 
 
 #: Packages only ``paradiff bench`` needs (its figures and fidelity metrics): the ``bench`` extra.

@@ -28,12 +28,10 @@ from .loading import (
     makes_video,
     prompt_kwargs,
     size_kwargs,
+    warn_if_cut,
 )
+from .output_files import IMAGE_SUFFIXES, VIDEO_SUFFIXES, check_writable, output_kind, output_paths, write_outputs
 
-#: What ``--out`` may end in, per output kind (``.jpeg`` and ``.tif`` spellings included).
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-VIDEO_SUFFIXES = (".mp4", ".gif")
-DEFAULT_OUT = {"image": "paradiff.png", "video": "paradiff.mp4"}
 #: ``--dtype`` names.
 DTYPES = ("float32", "float16", "bfloat16")
 #: The longest a rank waits for another: one one-device image, while the other ranks sit at a barrier.
@@ -42,7 +40,8 @@ WAIT_TIMEOUT = timedelta(minutes=30)
 
 @dataclass(frozen=True)
 class GenerateJob:
-    prompt: str
+    #: Prompt i is drawn from seed ``seed + i``.
+    prompts: tuple[str, ...]
     model: str
     strategy: str
     nproc: int
@@ -63,6 +62,10 @@ class GenerateJob:
     call: tuple = ()
     #: Width in pixels when it differs from ``size`` (the height).
     width: int | None = None
+    #: Replace output files that exist.
+    overwrite: bool = False
+    #: The longest a collective waits for another rank (``parallelize``'s ``timeout_s``).
+    timeout_s: float = 600.0
 
     @property
     def phase(self) -> str:
@@ -72,11 +75,12 @@ class GenerateJob:
 
 @dataclass(frozen=True)
 class GeneratePlan:
-    """What the checks settled: the call's keyword arguments and where the output goes."""
+    """What the checks settled: the call's keyword arguments, the pictures per prompt and where they go."""
 
     call_kwargs: dict
-    out: Path
+    paths: list[Path]
     video: bool
+    per_prompt: int
 
 
 def rank_device(requested: str):
@@ -111,20 +115,6 @@ def torch_dtype(requested: str, device):
             stacklevel=2,
         )
     return getattr(torch, name)
-
-
-def output_kind(out: str | None) -> str | None:
-    """``"image"``, ``"video"`` or None (no ``--out``) by the file's extension; a :class:`ParadiffError` if unknown."""
-    if out is None:
-        return None
-    suffix = Path(out).suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        return "image"
-    if suffix in VIDEO_SUFFIXES:
-        return "video"
-    raise ParadiffError(
-        f"--out {out}: paradiff writes images as {', '.join(IMAGE_SUFFIXES)} and videos as {', '.join(VIDEO_SUFFIXES)}"
-    )
 
 
 def default_height(pipe) -> int | None:
@@ -184,6 +174,9 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
         allowed = ", ".join(VIDEO_SUFFIXES if video else IMAGE_SUFFIXES)
         raise ParadiffError(f"--out {job.out} is a file for {wanted}s, and {name} makes {kind}s: use {allowed}")
     guidance = _guidance(pipe, inputs)
+    per_prompt = pictures_per_prompt(pipe, inputs)
+    paths = output_paths(job.out, kind, per_prompt * len(job.prompts))
+    check_writable(paths, job.overwrite)
     if job.nproc > 1 and job.strategy == "cfg" and guidance is not None and guidance <= 1:
         raise ParadiffError(
             f"strategy='cfg' runs the two halves of classifier-free guidance on two ranks, and at guidance "
@@ -192,7 +185,17 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     if job.nproc > 1 and job.strategy != "auto":  # one rank runs the pipeline as it is; auto decides at its call
         height = None if _bins_resolution(pipe, inputs) else job.size or default_height(pipe)
         paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
-    return GeneratePlan(call_kwargs, Path(job.out or DEFAULT_OUT[kind]), video)
+    return GeneratePlan(call_kwargs, paths, video, per_prompt)
+
+
+def pictures_per_prompt(pipe, inputs: dict) -> int:
+    """How many images (or videos) one prompt makes: the call's ``num_images_per_prompt`` (or videos), default 1."""
+    parameters = inspect.signature(type(pipe).__call__).parameters
+    for name in ("num_images_per_prompt", "num_videos_per_prompt"):
+        if name in parameters:
+            value = inputs.get(name, parameters[name].default)
+            return value if isinstance(value, int) and value > 0 else 1
+    return 1
 
 
 def loads_by_stage(job: GenerateJob) -> bool:
@@ -204,10 +207,11 @@ def loads_by_stage(job: GenerateJob) -> bool:
 
 
 def generate_on_rank(job: GenerateJob) -> dict:
-    """Load, check, draw the reference on rank 0 (the same device and dtype), then the image on every rank.
+    """Load, check, draw the references on rank 0 (the same device and dtype), then the pictures on every rank.
 
-    Rank 0 returns its report (``out``, ``latency_s``; ``baseline_s``, ``speedup``, ``psnr_db`` after a
-    reference; the communication counters after a parallel run); the other ranks return ``{}``.
+    Rank 0 returns its report (:func:`paradiff.cli_output.summary_lines` reads it): the files written, the
+    seconds of every call and, after the references, the speedup and PSNR; the communication counters after
+    a parallel run; each rank's peak memory. The other ranks return ``{}``.
     """
     import torch
     import torch.distributed as dist
@@ -230,44 +234,59 @@ def generate_on_rank(job: GenerateJob) -> dict:
             pipe = load_stage_pipeline(job.model, strategy=job.strategy, dtype=dtype, device=device)
         else:
             pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)
-    inputs = prompt_kwargs(
-        pipe, job.model, job.prompt, guidance=job.guidance, negative_prompt=job.negative_prompt, extra=job.call
-    )
-    plan = plan_generate(pipe, job, inputs)
-
-    def draw(label: str):
-        pipe.set_progress_bar_config(desc=label, disable=rank != 0)
-        start = time.perf_counter()
-        result = pipe(
-            **inputs,
-            **plan.call_kwargs,
-            num_inference_steps=job.steps,
-            generator=torch.Generator().manual_seed(job.seed),
-            output_type="np",
+    calls = [
+        prompt_kwargs(
+            pipe, job.model, prompt, guidance=job.guidance, negative_prompt=job.negative_prompt, extra=job.call
         )
-        return _output_of(result), time.perf_counter() - start
+        for prompt in job.prompts
+    ]
+    plan = plan_generate(pipe, job, calls[0])
+    for prompt, inputs in zip(job.prompts, calls, strict=True):
+        warn_if_cut(pipe, prompt, inputs)
+
+    def draw(label: str) -> tuple[list[np.ndarray], list[float]]:
+        outputs, seconds = [], []
+        for index, inputs in enumerate(calls):
+            shown = label if len(calls) == 1 else f"{label} ({index + 1}/{len(calls)})"
+            pipe.set_progress_bar_config(desc=shown, disable=rank != 0)
+            start = time.perf_counter()
+            result = pipe(
+                **inputs,
+                **plan.call_kwargs,
+                num_inference_steps=job.steps,
+                generator=torch.Generator().manual_seed(job.seed + index),
+                output_type="np",
+            )
+            seconds.append(time.perf_counter() - start)
+            outputs.append(_output_of(result))
+        return outputs, seconds
 
     baseline = baseline_s = None
     if job.nproc > 1:
         if job.baseline and rank == 0:
             baseline, baseline_s = draw("one device")
         dist.barrier()
-        pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup)
+        pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup, timeout_s=job.timeout_s)
     with PeakMemory(device) as generating:
-        output, latency_s = draw(job.phase)
+        outputs, seconds = draw(job.phase)
     peaks = [(loading.bytes, generating.bytes)]
     if job.nproc > 1:
         peaks = [None] * dist.get_world_size()
         dist.all_gather_object(peaks, (loading.bytes, generating.bytes))
     if rank != 0:
         return {}
-    report = {"out": save_output(output, plan.out), "latency_s": latency_s, "loaded_by_stage": loads_by_stage(job)}
+    pictures = np.concatenate(outputs)
+    paths = plan.paths if len(plan.paths) == len(pictures) else output_paths(job.out, _kind(plan), len(pictures))
+    report = {"files": write_outputs(pictures, paths), "prompts": list(job.prompts), "latency_s": sum(seconds)}
+    report["pictures"] = _pictures(job, report["files"], outputs, seconds, baseline, baseline_s, psnr)
+    report["loaded_by_stage"] = loads_by_stage(job)
     report["peak_memory_mb"] = {
         phase: [None if peak[i] is None else peak[i] / 2**20 for peak in peaks]
         for i, phase in enumerate(("loading", "generating"))
     }
     if baseline is not None:
-        report.update(baseline_s=baseline_s, speedup=baseline_s / latency_s, psnr_db=psnr(output, baseline))
+        worst = min(picture["psnr_db"] for picture in report["pictures"])
+        report.update(baseline_s=sum(baseline_s), speedup=sum(baseline_s) / sum(seconds), psnr_db=worst)
     if job.nproc > 1:
         report.update(paradiff.comm_stats(pipe))
         if job.strategy == "auto":
@@ -275,34 +294,26 @@ def generate_on_rank(job: GenerateJob) -> dict:
     return report
 
 
+def _kind(plan: GeneratePlan) -> str:
+    return "video" if plan.video else "image"
+
+
+def _pictures(job, files, outputs, seconds, baseline, baseline_s, psnr) -> list[dict]:
+    """One entry per picture written: its file, prompt, seed, the seconds of its call, and its PSNR."""
+    pictures, number = [], 0
+    for index, (output, call_s) in enumerate(zip(outputs, seconds, strict=True)):
+        for image in range(len(output)):
+            picture = {"file": files[number], "prompt": job.prompts[index], "seed": job.seed + index, "seconds": call_s}
+            if baseline is not None:
+                picture.update(
+                    one_device_seconds=baseline_s[index], psnr_db=psnr(output[image], baseline[index][image])
+                )
+            pictures.append(picture)
+            number += 1
+    return pictures
+
+
 def _output_of(result) -> np.ndarray:
     """An image pipeline's images ``(B, H, W, 3)`` or a video pipeline's frames ``(B, F, H, W, 3)``."""
     frames = getattr(result, "frames", None)
     return np.asarray(result.images if frames is None else frames)
-
-
-def save_output(output: np.ndarray, path: Path) -> str:
-    """Write the first image or the first video (``.mp4`` or ``.gif``) to ``path``; returns the path written.
-
-    The extension was checked against the pipeline's kind before drawing; should the output still be of the
-    other kind, it goes to the default file name of its kind, with a warning, rather than be lost.
-    """
-    from diffusers.utils import numpy_to_pil
-
-    video = output.ndim == 5
-    if (output_kind(str(path)) == "video") != video:
-        fallback = Path(DEFAULT_OUT["video" if video else "image"])
-        made = "a video" if video else "an image"
-        warnings.warn(f"the pipeline made {made}: writing {fallback}", ParadiffWarning, stacklevel=2)
-        path = path.with_name(fallback.name)
-    if not video:
-        numpy_to_pil(output)[0].save(path)
-    elif path.suffix.lower() == ".gif":
-        from diffusers.utils import export_to_gif
-
-        export_to_gif(numpy_to_pil(output[0]), str(path), fps=8)
-    else:
-        from diffusers.utils import export_to_video
-
-        export_to_video(list(output[0]), str(path), fps=8)
-    return str(path)

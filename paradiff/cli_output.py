@@ -192,19 +192,22 @@ def format_bytes(count: float) -> str:
 
 
 def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
-    """The lines ``paradiff generate`` prints after a run: the file, each phase's time, speed, fidelity, traffic.
+    """The lines ``paradiff generate`` prints after a run: the files, each phase's time, speed, fidelity, traffic.
 
-    ``report`` is rank 0's: ``out``, ``latency_s`` and, after a reference run, ``baseline_s``, ``speedup``
-    and ``psnr_db``; after a parallel run ``bytes_per_step`` and ``wait_s``; ``peak_memory_mb`` (per rank, of
-    the loading and of the run) and ``loaded_by_stage``. ``phase`` names the run
-    (``"one device"`` or ``"2 ranks, patch"``).
+    ``report`` is rank 0's: ``files``, ``latency_s`` (every call together) and, after the reference runs,
+    ``baseline_s``, ``speedup`` and ``psnr_db`` (the lowest over the pictures); after a parallel run
+    ``bytes_per_step`` and ``wait_s``; ``peak_memory_mb`` (per rank, of the loading and of the run) and
+    ``loaded_by_stage``. ``phase`` names the run (``"one device"`` or ``"2 ranks, patch"``).
     """
-    lines = [f"wrote {report['out']}"]
+    files = report["files"]
+    lines = [f"wrote {files[0]}" if len(files) == 1 else f"wrote {len(files)} files: {', '.join(files)}"]
     if "baseline_s" in report:
         lines.append(f"one device: {report['baseline_s']:.2f} s")
     line = f"{phase}: {report['latency_s']:.2f} s"
     if "speedup" in report:
-        line += f", {format_speedup(report['speedup'], times)}, {format_fidelity(report['psnr_db'])}"
+        fidelity = format_fidelity(report["psnr_db"])
+        fidelity = fidelity if len(files) == 1 else f"{fidelity} (the least close picture)"
+        line += f", {format_speedup(report['speedup'], times)}, {fidelity}"
     lines.append(line)
     if "picked" in report:
         lines.append(f"auto picked {report['picked']}")
@@ -222,3 +225,37 @@ def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
             f"peak memory per rank (MB): loading {shown['loading']}, generating {shown['generating']} ({where})"
         )
     return lines
+
+
+def json_number(value: float | None) -> float | None:
+    """A float JSON can hold: None for a missing or non-finite figure (an identical picture's PSNR is ``inf``)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def generate_json(report: dict, job) -> dict:
+    """``paradiff generate --json``: one object for the run (the files, seconds, speedup, PSNR, traffic, memory).
+
+    A PSNR of ``inf`` (identical to one device) is written as null beside ``"identical": true``.
+    """
+    pictures = [
+        {**picture, "psnr_db": json_number(picture.get("psnr_db")), "identical": picture.get("psnr_db") == math.inf}
+        for picture in report["pictures"]
+    ]
+    return {
+        "files": report["files"],
+        "model": job.model,
+        "strategy": job.strategy,
+        "nproc": job.nproc,
+        "steps": job.steps,
+        "seconds": report["latency_s"],
+        "one_device_seconds": report.get("baseline_s"),
+        "speedup": json_number(report.get("speedup")),
+        "psnr_db": json_number(report.get("psnr_db")),
+        "identical": report.get("psnr_db") == math.inf,
+        "bytes_per_step": report.get("bytes_per_step"),
+        "wait_s": report.get("wait_s"),
+        "peak_memory_mb": report.get("peak_memory_mb"),
+        "loaded_by_stage": report.get("loaded_by_stage"),
+        "picked": report.get("picked"),
+        "pictures": pictures,
+    }

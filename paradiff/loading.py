@@ -22,7 +22,7 @@ import re
 import warnings
 from pathlib import Path
 
-from .errors import ParadiffError
+from .errors import ParadiffError, ParadiffWarning
 
 TRAINED_MODELS = {"paradiff-tiny": "sd", "paradiff-tiny-dit": "pixart", "paradiff-tiny-video": "video"}
 RANDOM_MODELS = {"random-sd": "sd", "random-pixart": "pixart"}
@@ -157,11 +157,16 @@ def load_pipeline(model: str, dtype=None, allow_pickle: bool = False):
                 options["torch_dtype"] = dtype
             return DiffusionPipeline.from_pretrained(model, **options)
     except (OSError, ValueError) as error:
-        raise ParadiffError(_load_failure(model, error, allow_pickle)) from error
+        raise ParadiffError(load_failure(model, error, allow_pickle)) from error
 
 
-def _load_failure(model: str, error: Exception, allow_pickle: bool) -> str:
-    text = " ".join(str(error).split())
+def load_failure(model: str, error: BaseException, allow_pickle: bool) -> str:
+    """One line saying why ``model`` did not load: a weights file that is corrupt, pickled weights without
+    ``allow_pickle``, code shipped with the model, or else the loader's own first line."""
+    text = " ".join(" ".join(str(link).split()) for link in _chain(error))
+    damaged = corrupt_file(error)
+    if damaged is not None:
+        return corrupt_weights(damaged, error)
     if not allow_pickle and "safetensors" in text:
         return (
             f"model {model} has weights that are not safetensors ({_first_line(error)}); pickled weights "
@@ -179,6 +184,38 @@ def _load_failure(model: str, error: Exception, allow_pickle: bool) -> str:
     )
 
 
+#: A weights file named in a loader's error message.
+_WEIGHTS_PATH = re.compile(r"""[^\s'"(]+\.(?:safetensors|bin|pt|pth|ckpt)""")
+
+
+def corrupt_file(error: BaseException) -> Path | None:
+    """The weights file an error says could not be read, when that file exists (so it is damaged, not missing)."""
+    for link in _chain(error):
+        for name in _WEIGHTS_PATH.findall(str(link)):
+            if Path(name).is_file():
+                return Path(name)
+    return None
+
+
+def corrupt_weights(path: Path, error: BaseException) -> str:
+    """The message for a weights file that exists but cannot be read (truncated download, damaged disk)."""
+    return (
+        f"weights file {path} is corrupt or truncated ({_first_line(_chain(error)[-1])}); download the model again "
+        "or save it again with save_pretrained"
+    )
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from, outermost first."""
+    chain = [error]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        following = chain[-1].__cause__ or chain[-1].__context__
+        if following in chain:
+            break
+        chain.append(following)
+    return chain
+
+
 def _first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = lines[0] if lines else type(error).__name__
@@ -193,6 +230,11 @@ def default_size(model: str) -> int | None:
     from .builtin import DEFAULT_SIZE
 
     return DEFAULT_SIZE[TRAINED_MODELS[model]]
+
+
+def video_model(model: str) -> bool:
+    """Whether ``model`` is known, before loading it, to make videos (the built-in video model)."""
+    return TRAINED_MODELS.get(model) == "video"
 
 
 def default_strategy(model: str) -> str:
@@ -278,8 +320,27 @@ def prompt_kwargs(
         if key not in parameters:
             takes = ", ".join(sorted(parameters - {"self", *SET_BY_OPTIONS}))
             raise ParadiffError(f"--call {key}=...: {type(pipe).__name__} takes no argument {key!r}; it takes {takes}")
+        _check_call_value(pipe, key, value)
         inputs[key] = value
     return inputs
+
+
+def _check_call_value(pipe, key: str, value) -> None:
+    """Refuse a ``--call`` value of another kind than the argument's default (a word where a number goes)."""
+    default = inspect.signature(type(pipe).__call__).parameters[key].default
+    if isinstance(default, bool):
+        fits, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, (int, float)):
+        fits = isinstance(value, (int, float)) and not isinstance(value, bool)
+        kind = "an integer" if isinstance(default, int) else "a number"
+        fits = fits and (isinstance(value, int) or not isinstance(default, int))
+    else:
+        return
+    if not fits:
+        raise ParadiffError(
+            f"--call {key}={json.dumps(value)}: {type(pipe).__name__} takes {kind} for {key} "
+            f"(its default is {json.dumps(default)})"
+        )
 
 
 def call_parameters(pipe) -> set[str]:
@@ -316,3 +377,32 @@ def absent_components(model: str) -> dict:
         return {}
     entries = json.loads(index.read_text())
     return {name: None for name, value in entries.items() if isinstance(value, list) and value[0] is None}
+
+
+def warn_if_cut(pipe, prompt: str, inputs: dict) -> None:
+    """Warn when the text encoder reads only the start of ``prompt`` (the pipeline cuts the rest silently).
+
+    The limit is what the pipeline tokenizes to: its ``max_sequence_length`` argument where it takes one,
+    else the tokenizer's own length, and never more than the text encoder's position table.
+    """
+    tokenizer = getattr(pipe, "tokenizer", None)
+    if tokenizer is None or not isinstance(prompt, str):
+        return
+    limit = tokenizer.model_max_length
+    parameter = inspect.signature(type(pipe).__call__).parameters.get("max_sequence_length")
+    if parameter is not None and isinstance(inputs.get("max_sequence_length", parameter.default), int):
+        limit = inputs.get("max_sequence_length", parameter.default)
+    positions = getattr(getattr(getattr(pipe, "text_encoder", None), "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int):
+        limit = min(limit, positions)
+    ids = tokenizer(prompt, truncation=False).input_ids
+    if len(ids) <= limit:
+        return
+    cut = tokenizer.decode(ids[limit - 1 :], skip_special_tokens=True).strip()
+    cut = cut if len(cut) <= 60 else cut[:57] + "..."
+    warnings.warn(
+        f"the prompt is {len(ids)} tokens long and {type(pipe).__name__} reads the first {limit}: "
+        f"the end is cut ({cut!r}); shorten the prompt",
+        ParadiffWarning,
+        stacklevel=2,
+    )

@@ -24,6 +24,7 @@ from torch import nn
 
 from .errors import ParadiffError
 from .layers.stages import stage_blocks
+from .loading import TRAINED_MODELS, absent_components, corrupt_weights, load_failure, model_index
 from .models import family_of
 from .runtime.distributed import env_world_size, local_device
 
@@ -95,8 +96,6 @@ def _rank() -> int:
 
 
 def _pipeline_folder(model: str) -> Path:
-    from .loading import TRAINED_MODELS, model_index
-
     model_index(model)  # a model that cannot load fails here, with the loader's own message
     if model in TRAINED_MODELS:
         from .builtin import pipeline_folder
@@ -168,7 +167,7 @@ def load_stage_pipeline(
     Do not move the pipeline before ``parallelize``: the other stages' parameters are on the meta device.
     """
     from diffusers import DiffusionPipeline
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     if strategy not in STAGED:
         raise ParadiffError(f"loading by stage is for strategy='pipefusion' or 'dualparal', not {strategy!r}")
@@ -204,11 +203,14 @@ def load_stage_pipeline(
     shared = _held_tensors(denoiser, blocks)
     loaded = set()
     for path in _weight_files(folder / name):
-        with safe_open(str(path), framework="pt", device="cpu") as weights:
-            for key in weights.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if key in held:
-                    _put(denoiser, key, weights.get_tensor(key), device, dtype)
-                    loaded.add(key)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as weights:
+                for key in weights.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if key in held:
+                        _put(denoiser, key, weights.get_tensor(key), device, dtype)
+                        loaded.add(key)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            raise ParadiffError(corrupt_weights(path, error)) from error
     missing = sorted(held - loaded - _unsaved_buffers(denoiser))
     if missing:
         raise ParadiffError(f"{folder / name} lacks {len(missing)} of this stage's tensors, e.g. {missing[0]}")
@@ -216,13 +218,14 @@ def load_stage_pipeline(
         if key not in loaded and buffer.device.type != "meta":
             _put(denoiser, key, buffer, device, None)
     setattr(denoiser, LOADED_STAGE_ATTRIBUTE, LoadedStage(cut, stage, cfg_parallel, tuple(sorted(shared)), strategy))
-    from .loading import absent_components
-
     options = {"use_safetensors": True, "trust_remote_code": False, "custom_pipeline": None}
     options.update(absent_components(str(folder)), **{name: denoiser})
     if dtype is not None:
         options["torch_dtype"] = dtype
-    pipe = DiffusionPipeline.from_pretrained(str(folder), **options)
+    try:
+        pipe = DiffusionPipeline.from_pretrained(str(folder), **options)
+    except (OSError, ValueError) as error:
+        raise ParadiffError(load_failure(model, error, allow_pickle=False)) from error
     for component in pipe.components.values():
         if isinstance(component, nn.Module) and component is not denoiser:
             component.to(device)

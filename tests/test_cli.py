@@ -140,12 +140,32 @@ def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
         (["--call", "causal_block_size"], "--call takes KEY=VALUE, e.g. --call causal_block_size=5; got"),
         (["--call", "height=64"], "--call height=...: height is set by --size; use that instead"),
         (["--width", "100"], "--width must be a positive multiple of 8, got 100"),
+        (["--guidance", "inf"], "--guidance must be a finite number, got inf"),
+        (["--guidance", "nan"], "--guidance must be a finite number, got nan"),
+        (["--seed", "1e23"], "--seed must be an integer from 0 to 2**64 - 1, got 99999999999999991611392"),
+        (["--seed", "-1"], "--seed must be an integer from 0 to 2**64 - 1, got -1"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+        (["--nproc", "1000"], "--nproc 1000: this machine has"),
+        (["--nproc", "3"], "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3; launch 2 ranks, or a"),
+        (["--nproc", "3", "--strategy", "patch"], None),  # runs on 3: refused only for what follows
     ],
 )
-def test_bad_input(capsys, argv, message):
+def test_bad_input(capsys, monkeypatch, argv, message):
+    """Refused in the parent before any worker starts (none may start: run_on_ranks would fail the test)."""
+    monkeypatch.setattr("paradiff.cli.run_on_ranks", _no_workers)
+    if message is None:
+        assert main(["generate", "a prompt", *argv]) == 1
+        assert "a worker was started" in capsys.readouterr().err
+        return
     assert main(["generate", "a prompt", *argv]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1, err
+    if "cfg" in message:
+        assert "cfg_parallel=True to run" not in err, "no layout that is itself refused on 3 ranks"
+
+
+def _no_workers(*args, **kwargs):
+    raise AssertionError("a worker was started")
 
 
 def test_unknown_strategy_is_rejected_by_the_parser_in_one_line(capsys):
@@ -171,7 +191,7 @@ def test_help_shows_the_defaults(capsys, command):
         build_parser().parse_args([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--steps STEPS denoising steps (default: 20)" in text
-    assert "--nproc NPROC ranks to start (ignored under torchrun) (default: 2)" in text
+    assert "--nproc NPROC how many processes (ranks) to start, one per GPU (default: every visible GPU, or 2" in text
     assert re.search(r"\(default: paradiff-tiny- ?dit\)", text), "help wraps after a hyphen"
     assert "--seed SEED seed of the initial noise (default: 0)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
@@ -204,7 +224,7 @@ def test_quiet_output_shows_paradiffs_own_warnings_only_and_restores_everything(
 
 
 def test_a_cli_run_shows_paradiff_warnings_and_runs_the_reference_in_the_same_dtype(tmp_path, capsys):
-    argv = ["generate", "a red circle", "--model", "paradiff-tiny", "--nproc", "1", "--steps", "1", "--size", "32"]
+    argv = ["generate", "a red circle", "--model", "paradiff-tiny", "--nproc", "1", "--steps", "2", "--size", "32"]
     argv += ["--dtype", "float16"]
     assert main([*argv, "--out", str(tmp_path / "x.png")]) == 0
     err = capsys.readouterr().err
@@ -241,7 +261,7 @@ def test_fidelity_and_traffic_in_words():
 
 
 def test_summary_lines():
-    report = {"out": "x.png", "latency_s": 0.4, "baseline_s": 0.1, "speedup": 0.25, "psnr_db": math.inf}
+    report = {"files": ["x.png"], "latency_s": 0.4, "baseline_s": 0.1, "speedup": 0.25, "psnr_db": math.inf}
     report.update(bytes_per_step=26_000, wait_s=0.12)
     assert summary_lines(report, "2 ranks, cfg") == [
         "wrote x.png",
@@ -249,7 +269,12 @@ def test_summary_lines():
         "2 ranks, cfg: 0.40 s, 4.0× slower, identical to one device",
         "traffic: 26.0 kB per step per rank, 0.12 s waiting for other ranks",
     ]
-    assert summary_lines({"out": "x.png", "latency_s": 0.5}, "one device") == ["wrote x.png", "one device: 0.50 s"]
+    assert summary_lines({"files": ["x.png"], "latency_s": 0.5}, "one device") == ["wrote x.png", "one device: 0.50 s"]
+    two = {"files": ["x-1.png", "x-2.png"], "latency_s": 0.5, "baseline_s": 0.5, "speedup": 1.0, "psnr_db": 30.0}
+    assert summary_lines(two, "2 ranks, patch")[::2] == [
+        "wrote 2 files: x-1.png, x-2.png",
+        "2 ranks, patch: 0.50 s, as fast as one device, PSNR 30.0 dB against one device (the least close picture)",
+    ]
 
 
 def test_from_pretrained_on_a_local_folder(tmp_path):

@@ -58,10 +58,15 @@ class CfgStrategy(Strategy):
         if world_size != 2:
             from . import supported_combinations
 
+            if world_size % 2:  # cfg_parallel needs an even world too: name what runs on this one
+                alternative = f"or a strategy that runs on any world (e.g. strategy='parastep') on {world_size}"
+            else:
+                alternative = (
+                    f"or use strategy='patch' with cfg_parallel=True to run patch on {world_size // 2} ranks per half"
+                )
             raise ParadiffError(
                 f"strategy='cfg' runs the two CFG halves on 2 ranks, got a world of {world_size}; launch 2 ranks, "
-                f"or use strategy='patch' with cfg_parallel=True to run patch on {world_size // 2} ranks per half "
-                f"(supported: {supported_combinations()})"
+                f"{alternative} (supported: {supported_combinations()})"
             )
         return 2, 1
 
