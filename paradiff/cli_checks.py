@@ -82,6 +82,8 @@ def resolve_nproc(args: argparse.Namespace) -> int:
     nproc = args.nproc if args.nproc is not None else (gpus or 2)
     if nproc < 1:
         raise ParadiffError(f"--nproc must be at least 1, got {nproc}")
+    if getattr(args, "hardware", None) is not None:  # a plan for another machine starts no rank here
+        return nproc
     if gpus and os.environ.get("PARADIFF_BACKEND", "auto") != "gloo":
         if nproc > gpus:
             raise ParadiffError(
