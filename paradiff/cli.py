@@ -178,6 +178,8 @@ def plan(args: argparse.Namespace) -> int:
 
     check_numbers(args)
     nproc = resolve_nproc(args)
+    if nproc < 2:
+        raise ParadiffError("a plan compares N ranks with one device; use --nproc 2 or more")
     job = PlanJob(
         model=args.model,
         nproc=nproc,
@@ -194,8 +196,6 @@ def plan(args: argparse.Namespace) -> int:
         allow_pickle=args.allow_pickle,
         call=call_arguments(args.call),
     )
-    if job.nproc < 2:
-        raise ParadiffError("a plan compares N ranks with one device; use --nproc 2 or more")
     with quiet_output(args.verbose, libraries=False):
         result = _make_plan(job, args.verbose)
     if result is not None:
@@ -213,8 +213,9 @@ def _make_plan(job, verbose: bool):
     if job.model in architecture_names():
         return plan_architecture(job)
     check_model(job.model)
-    with quiet_output(verbose, libraries=_in_process(job.nproc)):
-        return run_on_ranks(plan_on_rank, job.nproc, job, device=job.device, verbose=verbose)
+    ranks = job.nproc if job.hardware is None else 1  # with --hardware, traced in this process but not timed
+    with quiet_output(verbose, libraries=_in_process(ranks)):
+        return run_on_ranks(plan_on_rank, ranks, job, device=job.device, verbose=verbose)
 
 
 # --- the parser ---------------------------------------------------------------------------------------
@@ -404,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     pla.add_argument("--hardware", choices=hardware_names(), help="a GPU server's published figures instead of timing")
     pla.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="where the ranks time the model")
     pla.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="weights and activations")
-    pla.add_argument("--json", action="store_true", help="print the predictions as a JSON list")
+    _add_json(pla, "the plan (the machine, every prediction, the fastest and what to run)")
     pla.add_argument(ALLOW_PICKLE_FLAG, action="store_true", help="also load pickled weights (.bin, .pt)")
     pla.set_defaults(func=plan)
     return parser

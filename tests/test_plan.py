@@ -235,7 +235,12 @@ def test_asyncdiff_at_stride_2_completes_two_steps_per_round_of_one_fewer_compon
 
 def test_plan_of_an_architecture_prints_json(capsys):
     assert main(["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--nproc", "2", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["model"], plan["size"], plan["width"], plan["steps"], plan["nproc"]) == ("sdxl", 1024, 1024, 20, 2)
+    assert plan["dtype"] == "float16" and plan["hardware"]["name"] == "a100-nvlink"
+    assert plan["hardware"]["link_gb_s"] == pytest.approx(300 * 0.7)
+    assert 0 < plan["hardware"]["ms_per_band"] < plan["hardware"]["ms_per_call"]
+    rows = plan["predictions"]
     assert {(row["strategy"], row["cfg_parallel"]) for row in rows} >= {("patch", False), ("cfg", False)}
     for row in rows:
         assert {"strategy", "warmup_steps", "predicted_speedup", "predicted_step_s", "bytes_per_step", "exact"} <= set(
@@ -243,6 +248,82 @@ def test_plan_of_an_architecture_prints_json(capsys):
         )
         assert 1 < row["predicted_speedup"] <= 2
         assert row["exact"] == (row["strategy"] == "cfg")
+        assert (row["bench"] is None) == row["exact"]
+    assert plan["fastest_exact"]["strategy"] == "cfg"
+    assert plan["parallelize"] == 'paradiff.parallelize(pipe, strategy="cfg")'
+    assert plan["launch"] == "torchrun --nproc-per-node 2 your_script.py"
+    hub = "stabilityai/stable-diffusion-xl-base-1.0"
+    assert plan["generate"] == f"paradiff generate --model {hub} --strategy cfg --nproc 2 --size 1024"
+    assert "asyncdiff" in plan["not_run"] or "pipefusion" in plan["not_run"]
+
+
+def test_plan_json_names_the_fastest_and_the_fastest_exact_setting(capsys):
+    """Flux on two H100s, warm-ups 1 and 4: Ulysses and ring are the exact rows, at different predicted speeds."""
+    argv = ["plan", "--model", "flux-dev", "--hardware", "h100-nvlink", "--nproc", "2", "--warmup", "1,4", "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    rows = plan["predictions"]
+    exact = [row for row in rows if row["exact"]]
+    speedups = sorted(row["predicted_speedup"] for row in exact)
+    assert len(exact) == 2 and speedups[0] < speedups[1], exact
+    fastest, fastest_exact = plan["fastest"], plan["fastest_exact"]
+    assert fastest["predicted_speedup"] == max(row["predicted_speedup"] for row in rows)
+    assert fastest["predicted_speedup"] > min(row["predicted_speedup"] for row in rows)
+    assert fastest_exact["exact"] and fastest_exact["predicted_speedup"] == speedups[1]
+    assert not fastest["exact"] and fastest["predicted_speedup"] > fastest_exact["predicted_speedup"]
+    # the pick is the fastest exact setting, as a call, a launch line and the same run from the command line
+    assert plan["parallelize"] == f'paradiff.parallelize(pipe, strategy="{fastest_exact["strategy"]}")'
+    model = "black-forest-labs/FLUX.1-dev"
+    assert plan["generate"] == (
+        f"paradiff generate --model {model} --strategy {fastest_exact['strategy']} --nproc 2 --size 1024"
+    )
+    warmup = fastest["warmup_steps"]
+    assert fastest["bench"] == (
+        f"paradiff bench --model {model} --strategies {fastest['strategy']} --warmup {warmup} --nproc 2 --prompts 1 "
+        "--size 1024"
+    )
+
+
+def test_a_plan_without_an_exact_setting_says_so_and_how_to_measure_the_fastest(capsys):
+    """SDXL on 8 ranks: the CFG split runs on 2 only, so nothing exact runs; the pick is the fastest displaced one."""
+    assert main(["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--nproc", "8", "--strategies", "patch"]) == 0
+    out = capsys.readouterr().out
+    assert "fastest exact: none — no exact strategy runs sdxl on 8 ranks" in out
+    assert "GFLOP" not in out and "machine: a100-nvlink (published figures): one denoiser call " in out
+    assert "to run patch + cfg_parallel (the fastest; not exact):" in out, out
+    assert 'pipe = paradiff.parallelize(pipe, strategy="patch", warmup_steps=4, cfg_parallel=True)' in out
+    assert "torchrun --nproc-per-node 8 your_script.py" in out
+    assert "no paradiff generate command: generate and bench take no strategy options (cfg_parallel=True)" in out
+    hub = "stabilityai/stable-diffusion-xl-base-1.0"
+    bench = f"paradiff bench --model {hub} --strategies patch --warmup 4 --nproc 8 --prompts 1 --size 1024"
+    assert bench in out
+
+
+@pytest.mark.timeout(180)
+def test_plan_runs_the_default_model(capsys):
+    """The built-in DiT (PixArtAlphaPipeline, DPM-Solver++) timed on 2 ranks: the decode's timing once called it with
+    1 step, whose own path fails (IndexError, exit 1)."""
+    assert main(["plan", "--size", "128", "--steps", "6", "--nproc", "2", "--strategies", "cfg,patch", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["model"], plan["size"], plan["steps"]) == ("paradiff-tiny-dit", 128, 6)
+    assert plan["hardware"]["name"] == "measured here" and plan["hardware"]["ms_per_call"] > 0
+    assert plan["hardware"]["link_gb_s"] > 0
+    assert {row["strategy"] for row in plan["predictions"]} == {"cfg", "patch"}
+    assert plan["fastest_exact"]["strategy"] == "cfg"
+    assert (
+        plan["generate"] == "paradiff generate --model paradiff-tiny-dit --strategy cfg --nproc 2 --steps 6 --size 128"
+    )
+
+
+def test_a_plan_on_one_rank_is_refused_before_any_worker_starts(capsys, monkeypatch):
+    import paradiff.cli
+
+    monkeypatch.setattr(paradiff.cli, "_make_plan", lambda *_: pytest.fail("a plan on one rank started"))
+    assert main(["plan", "--nproc", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "paradiff: error: a plan compares N ranks with one device; use --nproc 2 or more"
+    ]
 
 
 def test_an_architecture_plan_runs_only_what_parallelize_would_run(capsys):
@@ -257,7 +338,7 @@ def test_an_architecture_plan_runs_only_what_parallelize_would_run(capsys):
     assert "not run: asyncdiff: strategy='asyncdiff' gives each of its 8 components at least one block" in out
     # ring refuses this machine's CPU, not the profile's GPUs: the machine's own checks are not the plan's
     assert main(["plan", "--model", "flux-dev", "--hardware", "h100-nvlink", "--nproc", "2", "--json"]) == 0
-    assert "ring" in {row["strategy"] for row in json.loads(capsys.readouterr().out)}
+    assert "ring" in {row["strategy"] for row in json.loads(capsys.readouterr().out)["predictions"]}
 
 
 def test_a_plan_takes_a_width_apart_from_the_height(capsys):
@@ -287,7 +368,7 @@ def test_plan_times_this_machine_for_a_model_it_can_load():
     done = subprocess.run(command, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    assert "machine: this machine (measured)" in out and "fastest exact: " in out, out
+    assert "machine: measured here (on 2 ranks on cpu): one denoiser call " in out and "fastest exact: " in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["cfg"], ["patch"])}
     assert rows["cfg"][-1] == "yes" and rows["patch"][-1] == "no", out
     assert "not run: pipefusion: strategy='pipefusion' does not support UNet2DConditionModel" in out

@@ -37,6 +37,11 @@ class Architecture:
         return getattr(torch, self.spec["dtype"])
 
     @property
+    def hub_id(self) -> str:
+        """The Hugging Face repository its config comes from (what ``paradiff generate --model`` loads)."""
+        return self.spec["source"].split(",")[0].strip()
+
+    @property
     def default_size(self) -> int:
         return self.spec["default_size"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from .hardware import Hardware
+from .hardware import MEASURED, Hardware
 
 #: Repeats of each timing (the fastest counts: this machine's speed drifts).
 REPEATS = 2
@@ -121,7 +121,7 @@ def calibrate(
     if overhead == 0.0 or rate <= 0:
         rate, overhead = flops_full / full, 0.0
     return Hardware(
-        name="this machine (measured)",
+        name=MEASURED,
         flops_per_s={dtype: rate},
         call_overhead_s=overhead,
         link_bytes_per_s=bandwidth,

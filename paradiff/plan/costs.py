@@ -154,6 +154,12 @@ def decode_fixed(cost: tuple[float, int, str] | None, hardware: Hardware, banded
     return Fixed(decode_s=flops / hardware.rate(dtype) + kernels * hardware.launch_s, decode_banded=banded)
 
 
+def call_s(workload: Workload, hardware: Hardware, dtype: str, share: float = 1.0) -> float:
+    """Seconds of one denoiser call on one device alone, over ``share`` of its tokens (1/N: one rank's band)."""
+    overhead = hardware.call_overhead_s + workload.kernels * hardware.launch_s
+    return workload.flops * share / hardware.rate(dtype) + overhead
+
+
 def one_device_step(workload: Workload, hardware: Hardware, dtype: str) -> float:
     """Seconds of one denoising step (every call of it) on one device."""
     m = _Machine(workload, hardware, dtype)

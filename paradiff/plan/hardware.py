@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 from ..errors import ParadiffError
 
+#: The name of a machine timed here (:func:`paradiff.plan.calibrate.calibrate`), rather than a profile's.
+MEASURED = "measured here"
+
 
 @dataclass(frozen=True)
 class Hardware:

@@ -57,6 +57,8 @@ class Plan:
     blocks: BlockLoop | None = None
     #: Width in pixels (None: ``size``, square).
     width: int | None = None
+    #: What was asked (the command lines the report prints repeat its options); None: not from a job.
+    job: PlanJob | None = None
 
     @property
     def pixels(self) -> str:
@@ -182,7 +184,19 @@ def plan_architecture(job: PlanJob) -> Plan:
     fixed = decode_fixed(arch.decode_cost(dims), hardware)  # paradiff bands the decode over the ranks
     rows = predictions(workload, hardware, dtype, job, runnable, fixed)
     return Plan(
-        job.model, size, frames, job.steps, job.nproc, dtype, hardware, workload, fixed, rows, refused, width=job.width
+        job.model,
+        size,
+        frames,
+        job.steps,
+        job.nproc,
+        dtype,
+        hardware,
+        workload,
+        fixed,
+        rows,
+        refused,
+        width=job.width,
+        job=job,
     )
 
 

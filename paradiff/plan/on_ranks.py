@@ -29,7 +29,10 @@ def part_height(pipe, height: int, nproc: int) -> int:
 
 
 def plan_on_rank(job: PlanJob) -> Plan | None:
-    """Load, trace, time (without a hardware profile) and predict; rank 0 returns the plan."""
+    """Load, trace, time (without a hardware profile) and predict; rank 0 returns the plan.
+
+    With a hardware profile nothing is timed: one process (rank 0, no process group) traces and predicts.
+    """
     import torch
 
     from ..cli_generate import WAIT_TIMEOUT, default_height, rank_device, torch_dtype
@@ -37,7 +40,7 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
     from ..runtime.distributed import ensure_process_group
 
     torch.set_num_threads(job.threads)
-    if job.nproc > 1:
+    if job.nproc > 1 and job.hardware is None:
         ensure_process_group(WAIT_TIMEOUT)
     device = rank_device(job.device)
     dtype = torch_dtype(job.dtype, device)
@@ -140,4 +143,5 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
         refused,
         blocks,
         job.width,
+        job,
     )

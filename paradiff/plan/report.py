@@ -1,26 +1,79 @@
-"""A plan as ``paradiff plan`` prints it: a table, or JSON with ``--json``."""
+"""A plan as ``paradiff plan`` prints it: a table and what to run, or one JSON object with ``--json``.
+
+Besides the predictions, a plan says how to run its pick (the fastest exact setting, else the fastest): the
+``paradiff.parallelize(...)`` call to copy into a script, the ``torchrun`` line that launches it, and the
+``paradiff generate`` command of the same setting; and, for a setting that is not exact, the ``paradiff bench``
+command that measures how far its picture drifts from one device's (a plan predicts speed, not quality).
+"""
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import asdict
 
-from .costs import one_device_step
+from .costs import EXACT, Prediction, call_s, one_device_step
+from .hardware import MEASURED
 from .job import Plan
 
 HEADERS = ("strategy", "warm-up", "s/step", "total s", "speedup", "MB/step", "MB/rank", "exact")
+#: ``paradiff generate``'s ``--steps`` when none is given.
+GENERATE_STEPS = 20
+#: Why a setting has no ``paradiff generate`` / ``bench`` command: neither takes strategy options.
+NO_COMMAND = "no paradiff generate command: generate and bench take no strategy options ({options}); use the call above"
 
 
-def plan_json(plan: Plan) -> list[dict]:
-    """One object per predicted setting (``strategy``, ``warmup_steps``, ``predicted_speedup``, ...)."""
-    return [asdict(prediction) for prediction in plan.predictions]
+def plan_json(plan: Plan) -> dict:
+    """The plan as one object: what was planned, the machine, every prediction, the picks and what to run."""
+    exact, fastest = plan.best(exact=True), plan.best(exact=False)
+    pick = exact or fastest
+    return {
+        "model": plan.model,
+        "size": plan.size,
+        "width": plan.width or plan.size,
+        "frames": plan.frames,
+        "steps": plan.steps,
+        "nproc": plan.nproc,
+        "dtype": plan.dtype,
+        "hardware": hardware_figures(plan),
+        "predictions": [_row(plan, p) for p in plan.predictions],
+        "fastest": None if fastest is None else _row(plan, fastest),
+        "fastest_exact": None if exact is None else _row(plan, exact),
+        "not_run": {strategy: " ".join(reason.split()) for strategy, reason in plan.refused.items()},
+        "parallelize": None if pick is None else parallelize_call(pick),
+        "launch": None if pick is None else launch_line(plan),
+        "generate": None if pick is None else generate_command(plan, pick),
+    }
+
+
+def _row(plan: Plan, prediction: Prediction) -> dict:
+    return {**asdict(prediction), "label": prediction.label, "bench": bench_command(plan, prediction)}
+
+
+def hardware_figures(plan: Plan) -> dict:
+    """The machine as a user can check it: one denoiser call on one device, one rank's band of it, the link."""
+    hw, w = plan.hardware, plan.workload
+    return {
+        "name": hw.name,
+        "source": hw.source,
+        "ms_per_call": call_s(w, hw, plan.dtype) * 1e3,
+        "ms_per_band": call_s(w, hw, plan.dtype, 1 / plan.nproc) * 1e3,
+        "link_gb_s": hw.link_bytes_per_s / 1e9,
+        "shared_slowdown": hw.shared_slowdown,
+    }
 
 
 def _machine_line(plan: Plan) -> str:
-    hw = plan.hardware
+    figures, hw = hardware_figures(plan), plan.hardware
+    if hw.name == MEASURED:
+        where, timed = f"{MEASURED} ({hw.source.removeprefix('measured ')})", "timed"
+    else:
+        where, timed = f"{hw.name} (published figures)", "predicted"
+    busy = f", {hw.shared_slowdown:.2f}× slower with every rank busy" if hw.shared_slowdown > 1.005 else ""
     return (
-        f"machine: {hw.name}: {hw.rate(plan.dtype) / 1e9:,.1f} GFLOP/s per rank, {hw.call_overhead_s * 1e3:.1f} ms "
-        f"per call, link {hw.link_bytes_per_s / 1e9:.2f} GB/s and {hw.link_latency_s * 1e6:.0f} µs per collective, "
-        f"{hw.overlap:.0%} of transfers hidden, {hw.shared_slowdown:.2f}× slower with every rank busy ({hw.source})"
+        f"machine: {where}: one denoiser call {figures['ms_per_call']:.3g} ms on one device and "
+        f"{figures['ms_per_band']:.3g} ms over one rank's band of 1/{plan.nproc} of the rows ({timed}){busy}; "
+        f"link {figures['link_gb_s']:.3g} GB/s"
     )
 
 
@@ -42,7 +95,7 @@ def plan_lines(plan: Plan) -> list[str]:
     rows = [
         [
             p.label,
-            "—" if p.strategy in ("cfg", "ulysses", "ring") else str(p.warmup_steps),
+            "—" if p.strategy in EXACT else str(p.warmup_steps),
             f"{p.predicted_step_s:.3g}",
             f"{p.predicted_total_s:.3g}",
             f"{p.predicted_speedup:.2f}×",
@@ -61,13 +114,131 @@ def plan_lines(plan: Plan) -> list[str]:
     exact, fastest = plan.best(exact=True), plan.best(exact=False)
     if exact is not None:
         lines.append(f"fastest exact: {_setting(exact)}")
+    else:
+        lines.append(f"fastest exact: none — no exact strategy runs {plan.model} on {plan.nproc} ranks")
     if fastest is not None and fastest is not exact:
-        lines.append(f"fastest: {_setting(fastest)}")
+        lines.append(f"fastest: {_setting(fastest)}, not exact")
+    elif fastest is None:
+        lines.append(f"fastest: none — no strategy runs {plan.model} on {plan.nproc} ranks")
     for strategy, reason in plan.refused.items():
         lines.append(f"not run: {strategy}: {' '.join(reason.split())}")
+    return lines + _run_lines(plan, exact, fastest)
+
+
+def _run_lines(plan: Plan, exact: Prediction | None, fastest: Prediction | None) -> list[str]:
+    """How to run the pick (the fastest exact setting, else the fastest), and how to measure an inexact one."""
+    pick = exact or fastest
+    if pick is None:
+        return []
+    which = "the fastest exact" if pick is exact else "the fastest; not exact"
+    lines = [
+        "",
+        f"to run {pick.label} ({which}):",
+        f"  in your script: pipe = {parallelize_call(pick)}",
+        f"  launch it with: {launch_line(plan)}",
+        f"  or run: {_or_why(generate_command(plan, pick), pick)}",
+    ]
+    if any(not p.exact for p in plan.predictions):
+        lines.append("the plan predicts speed, not quality: measure how far an inexact setting's picture drifts from")
+        lines.append("one device's (PSNR) before you use it:")
+        shown = fastest if fastest is not None and not fastest.exact else None
+        own = None if shown is None else bench_command(plan, shown)
+        if own is not None:
+            lines.append(f"  {shown.label}: {own}")
+        every = bench_command(plan, None)
+        if every is not None and every != own:
+            lines.append(f"  every inexact row bench runs: {every}")
+        if own is None and every is None:
+            lines.append("  (bench runs no setting with strategy options: compare the call above with one device's)")
     return lines
 
 
-def _setting(prediction) -> str:
-    warmup = "" if prediction.strategy in ("cfg", "ulysses", "ring") else f", warm-up {prediction.warmup_steps}"
+def _setting(prediction: Prediction) -> str:
+    warmup = "" if prediction.strategy in EXACT else f", warm-up {prediction.warmup_steps}"
     return f"{prediction.label}{warmup} ({prediction.predicted_speedup:.2f}× predicted)"
+
+
+def _or_why(command: str | None, prediction: Prediction) -> str:
+    """``command``, or why the command line has none for ``prediction`` (it takes no strategy options)."""
+    options = [*(["cfg_parallel=True"] if prediction.cfg_parallel else []), *_keywords(prediction.options)]
+    return command or NO_COMMAND.format(options=", ".join(options))
+
+
+def _keywords(options: dict) -> list[str]:
+    return [f"{name}={json.dumps(value)}" for name, value in options.items()]
+
+
+def parallelize_call(prediction: Prediction) -> str:
+    """The ``paradiff.parallelize`` call that runs ``prediction``'s setting."""
+    arguments = [f'strategy="{prediction.strategy}"']
+    if prediction.strategy not in EXACT:
+        arguments.append(f"warmup_steps={prediction.warmup_steps}")
+    if prediction.cfg_parallel:
+        arguments.append("cfg_parallel=True")
+    arguments += _keywords(prediction.options)
+    return f"paradiff.parallelize(pipe, {', '.join(arguments)})"
+
+
+def launch_line(plan: Plan) -> str:
+    return f"torchrun --nproc-per-node {plan.nproc} your_script.py"
+
+
+def _cli_model(plan: Plan) -> str:
+    """The ``--model`` the command line loads: the plan's, or an architecture's hub repository."""
+    from .architectures import architecture, architecture_names
+
+    return architecture(plan.model).hub_id if plan.model in architecture_names() else plan.model
+
+
+def _workload_options(plan: Plan, frames: bool) -> list[str]:
+    """The options that make ``generate`` / ``bench`` call the pipeline as the plan traced it."""
+    from ..loading import ALLOW_PICKLE_FLAG, default_size
+
+    job = plan.job
+    words = [] if plan.steps == GENERATE_STEPS else ["--steps", str(plan.steps)]
+    if plan.size != default_size(plan.model):
+        words += ["--size", str(plan.size)]
+    if plan.width not in (None, plan.size):
+        words += ["--width", str(plan.width)]
+    if frames and job is not None and job.frames is not None:
+        words += ["--frames", str(job.frames)]
+    if job is None:
+        return words
+    for key, value in job.call:
+        words += ["--call", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    if job.device != "auto":
+        words += ["--device", job.device]
+    if job.dtype != "auto":
+        words += ["--dtype", job.dtype]
+    if job.allow_pickle:
+        words.append(ALLOW_PICKLE_FLAG)
+    return words
+
+
+def generate_command(plan: Plan, prediction: Prediction) -> str | None:
+    """The ``paradiff generate`` command of ``prediction``'s setting; None if it takes options generate has not."""
+    if prediction.cfg_parallel or prediction.options:
+        return None
+    words = ["paradiff", "generate", "--model", _cli_model(plan), "--strategy", prediction.strategy]
+    if prediction.strategy not in EXACT:
+        words += ["--warmup", str(prediction.warmup_steps)]
+    words += ["--nproc", str(plan.nproc), *_workload_options(plan, frames=True)]
+    return shlex.join(words)
+
+
+def bench_command(plan: Plan, prediction: Prediction | None) -> str | None:
+    """The ``paradiff bench`` command that measures an inexact setting's speed and quality against one device (one
+    prompt); with None, every inexact row the bench can run. None for an exact setting, or one with options."""
+    if prediction is None:
+        settings = [p for p in plan.predictions if not p.exact and not p.cfg_parallel and not p.options]
+    elif prediction.exact or prediction.cfg_parallel or prediction.options:
+        return None
+    else:
+        settings = [prediction]
+    if not settings:
+        return None
+    strategies = list(dict.fromkeys(p.strategy for p in settings))
+    warmups = sorted({p.warmup_steps for p in settings})
+    words = ["paradiff", "bench", "--model", _cli_model(plan), "--strategies", ",".join(strategies)]
+    words += ["--warmup", ",".join(map(str, warmups)), "--nproc", str(plan.nproc), "--prompts", "1"]
+    return shlex.join([*words, *_workload_options(plan, frames=False)])
