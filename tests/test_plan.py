@@ -4,6 +4,7 @@ the strategies send, and the command."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -12,11 +13,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from paradiff.cli import main
+from paradiff.cli import build_parser, main
 from paradiff.pipeline import find_denoiser
 from paradiff.plan.architectures import architecture, architecture_names
 from paradiff.plan.costs import balanced_cut, predict
 from paradiff.plan.hardware import Hardware, hardware_profile
+from paradiff.plan.job import PLAN_PROMPT
 from paradiff.plan.workload import Workload, meta_model, pipeline_workload
 from paradiff.tiny import build_pipeline, prompt_inputs
 
@@ -253,7 +255,8 @@ def test_plan_of_an_architecture_prints_json(capsys):
     assert plan["parallelize"] == 'paradiff.parallelize(pipe, strategy="cfg")'
     assert plan["launch"] == "torchrun --nproc-per-node 2 your_script.py"
     hub = "stabilityai/stable-diffusion-xl-base-1.0"
-    assert plan["generate"] == f"paradiff generate --model {hub} --strategy cfg --nproc 2 --size 1024"
+    prompt = "'a large red circle on the left on a white background'"
+    assert plan["generate"] == f"paradiff generate --model {hub} --strategy cfg --nproc 2 --size 1024 {prompt}"
     assert "asyncdiff" in plan["not_run"] or "pipefusion" in plan["not_run"]
 
 
@@ -275,7 +278,8 @@ def test_plan_json_names_the_fastest_and_the_fastest_exact_setting(capsys):
     assert plan["parallelize"] == f'paradiff.parallelize(pipe, strategy="{fastest_exact["strategy"]}")'
     model = "black-forest-labs/FLUX.1-dev"
     assert plan["generate"] == (
-        f"paradiff generate --model {model} --strategy {fastest_exact['strategy']} --nproc 2 --size 1024"
+        f"paradiff generate --model {model} --strategy {fastest_exact['strategy']} --nproc 2 --size 1024 "
+        f"'{PLAN_PROMPT}'"
     )
     warmup = fastest["warmup_steps"]
     assert fastest["bench"] == (
@@ -310,9 +314,12 @@ def test_plan_runs_the_default_model(capsys):
     assert plan["hardware"]["link_gb_s"] > 0
     assert {row["strategy"] for row in plan["predictions"]} == {"cfg", "patch"}
     assert plan["fastest_exact"]["strategy"] == "cfg"
-    assert (
-        plan["generate"] == "paradiff generate --model paradiff-tiny-dit --strategy cfg --nproc 2 --steps 6 --size 128"
+    command = (
+        f"paradiff generate --model paradiff-tiny-dit --strategy cfg --nproc 2 --steps 6 --size 128 '{PLAN_PROMPT}'"
     )
+    assert plan["generate"] == command
+    args = build_parser().parse_args(shlex.split(command)[1:])  # the command runs as printed
+    assert (args.func.__name__, args.prompt, args.strategy, args.size) == ("generate", [PLAN_PROMPT], "cfg", 128)
 
 
 def test_a_plan_on_one_rank_is_refused_before_any_worker_starts(capsys, monkeypatch):

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 from .costs import EXACT, Prediction, call_s, one_device_step
 from .hardware import MEASURED
-from .job import Plan
+from .job import PLAN_PROMPT, Plan
 
 HEADERS = ("strategy", "warm-up", "s/step", "total s", "speedup", "MB/step", "MB/rank", "exact")
 #: ``paradiff generate``'s ``--steps`` when none is given.
@@ -216,14 +216,15 @@ def _workload_options(plan: Plan, frames: bool) -> list[str]:
 
 
 def generate_command(plan: Plan, prediction: Prediction) -> str | None:
-    """The ``paradiff generate`` command of ``prediction``'s setting; None if it takes options generate has not."""
+    """The ``paradiff generate`` command of ``prediction``'s setting (drawing the prompt the plan traced); None if it
+    takes options generate has not."""
     if prediction.cfg_parallel or prediction.options:
         return None
     words = ["paradiff", "generate", "--model", _cli_model(plan), "--strategy", prediction.strategy]
     if prediction.strategy not in EXACT:
         words += ["--warmup", str(prediction.warmup_steps)]
     words += ["--nproc", str(plan.nproc), *_workload_options(plan, frames=True)]
-    return shlex.join(words)
+    return shlex.join([*words, PLAN_PROMPT])  # the prompt the plan traced: replace it with yours
 
 
 def bench_command(plan: Plan, prediction: Prediction | None) -> str | None:
