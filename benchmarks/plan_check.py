@@ -30,7 +30,9 @@ def check(model: str, size: int, steps: int, nproc: int, warmup: int) -> list[di
     common = ["--model", model, "--size", str(size), "--steps", str(steps), "--nproc", str(nproc)]
     # bench runs each strategy with its default options: the rows predicted with others (a stride) are left out
     predicted = [
-        row for row in json.loads(paradiff("plan", *common, "--warmup", str(warmup), "--json"))["predictions"] if not row["options"]
+        row
+        for row in json.loads(paradiff("plan", *common, "--warmup", str(warmup), "--json"))["predictions"]
+        if not row["options"]
     ]
     strategies = ",".join(dict.fromkeys(row["strategy"] for row in predicted))
     folder = OUT / "plan_check" / model
