@@ -74,7 +74,7 @@ def on_rank(device_name: str, names: list[str]) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from paradiff.cli_generate import rank_device
+    from paradiff.devices import rank_device
     from paradiff.errors import ParadiffError
     from paradiff.tiny import build_pipeline
 

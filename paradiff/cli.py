@@ -27,8 +27,9 @@ from pathlib import Path
 
 from . import __version__
 from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value
-from .cli_generate import DTYPES, GenerateJob, generate_on_rank
+from .cli_generate import GenerateJob, generate_on_rank
 from .cli_output import generate_json, quiet_output, summary_lines, times_sign
+from .devices import DTYPES
 from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, run_on_ranks, under_torchrun
 from .loading import (

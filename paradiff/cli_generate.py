@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import inspect
 import time
-import warnings
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ParadiffError, ParadiffWarning
+from .devices import rank_device, torch_dtype
+from .errors import ParadiffError
 from .loading import (
     RANDOM_MODELS,
+    default_height,
     fixed_frames,
     frames_parameter,
     load_pipeline,
@@ -31,11 +31,6 @@ from .loading import (
     warn_if_cut,
 )
 from .output_files import IMAGE_SUFFIXES, VIDEO_SUFFIXES, check_writable, output_kind, output_paths, write_outputs
-
-#: ``--dtype`` names.
-DTYPES = ("float32", "float16", "bfloat16")
-#: The longest a rank waits for another: one one-device image, while the other ranks sit at a barrier.
-WAIT_TIMEOUT = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,7 @@ class GenerateJob:
     baseline: bool
     threads: int
     device: str = "auto"  # auto (CUDA when present), cuda or cpu
-    dtype: str = "auto"  # auto (float16 on CUDA, float32 on CPU) or one of DTYPES
+    dtype: str = "auto"  # auto (float16 on CUDA, float32 on CPU) or one of devices.DTYPES
     guidance: float | None = None
     negative_prompt: str | None = None
     allow_pickle: bool = False
@@ -81,60 +76,6 @@ class GeneratePlan:
     paths: list[Path]
     video: bool
     per_prompt: int
-
-
-def rank_device(requested: str):
-    """This rank's ``torch.device`` for ``--device`` (``auto``: this rank's GPU when CUDA is present)."""
-    import torch
-
-    from .runtime.distributed import env_world_size, local_device
-
-    cuda = torch.cuda.is_available()
-    if requested == "cuda" and not cuda:
-        raise ParadiffError("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
-    if requested == "cpu":
-        if cuda and env_world_size() > 1:  # only under torchrun: paradiff's own workers then see no GPU
-            raise ParadiffError(
-                "--device cpu on ranks that see a GPU: paradiff's process group and strategies follow the GPUs "
-                "torch sees; hide them (CUDA_VISIBLE_DEVICES=) to run on the CPU under torchrun"
-            )
-        return torch.device("cpu")
-    return local_device()
-
-
-def torch_dtype(requested: str, device):
-    """The ``torch.dtype`` for ``--dtype`` on ``device`` (``auto``: float16 on CUDA, float32 elsewhere)."""
-    import torch
-
-    name = requested if requested != "auto" else ("float16" if device.type == "cuda" else "float32")
-    if name == "float16" and device.type == "cpu":
-        warnings.warn(
-            "--dtype float16 on the CPU is slow in PyTorch (many kernels convert to float32 and back); "
-            "bfloat16 or float32 run faster there",
-            ParadiffWarning,
-            stacklevel=2,
-        )
-    return getattr(torch, name)
-
-
-def default_height(pipe) -> int | None:
-    """The height ``pipe(...)`` draws at when given none, where it can be told without running it.
-
-    None when unknown, or when the pipeline bins the requested size to its own resolutions (PixArt's
-    ``use_resolution_binning``): the strategy then checks the real height at the call.
-    """
-    parameters = inspect.signature(type(pipe).__call__).parameters
-    height = parameters.get("height")
-    if height is not None and isinstance(height.default, int):
-        return height.default
-    from .pipeline import find_denoiser
-
-    config = find_denoiser(pipe).config
-    scale = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", None)
-    sample = getattr(pipe, "default_sample_size", None) or config.get("sample_height") or config.get("sample_size")
-    if isinstance(sample, (list, tuple)):
-        sample = sample[0]
-    return sample * scale if isinstance(sample, int) and isinstance(scale, int) else None
 
 
 def _bins_resolution(pipe, inputs: dict) -> bool:
@@ -220,7 +161,7 @@ def generate_on_rank(job: GenerateJob) -> dict:
 
     from .memory import PeakMemory
     from .metrics import psnr
-    from .runtime.distributed import ensure_process_group
+    from .runtime.distributed import WAIT_TIMEOUT, ensure_process_group
     from .stage_loading import load_stage_pipeline
 
     torch.set_num_threads(job.threads)

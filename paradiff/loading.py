@@ -364,6 +364,26 @@ def fixed_frames(pipe) -> int | None:
     return getattr(getattr(denoiser, "config", None), "video_length", None)
 
 
+def default_height(pipe) -> int | None:
+    """The height ``pipe(...)`` draws at when given none, where it can be told without running it.
+
+    None when unknown, or when the pipeline bins the requested size to its own resolutions (PixArt's
+    ``use_resolution_binning``): the strategy then checks the real height at the call.
+    """
+    parameters = inspect.signature(type(pipe).__call__).parameters
+    height = parameters.get("height")
+    if height is not None and isinstance(height.default, int):
+        return height.default
+    from .pipeline import find_denoiser
+
+    config = find_denoiser(pipe).config
+    scale = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", None)
+    sample = getattr(pipe, "default_sample_size", None) or config.get("sample_height") or config.get("sample_size")
+    if isinstance(sample, (list, tuple)):
+        sample = sample[0]
+    return sample * scale if isinstance(sample, int) and isinstance(scale, int) else None
+
+
 def makes_video(pipe) -> bool:
     """Whether ``pipe`` returns frames rather than images: it takes a frame count, or is a video pipeline by name."""
     name = type(pipe).__name__

@@ -56,7 +56,7 @@ class BenchJob:
     #: The user's prompts (``--prompt``, ``--prompts-file``); empty: ``prompts`` built-in scenes.
     prompt_texts: tuple[str, ...] = ()
     device: str = "auto"  # auto (CUDA when present), cuda or cpu: every rank and the one-device run
-    dtype: str = "auto"  # auto (float16 on CUDA, float32 on the CPU) or one of cli_generate.DTYPES
+    dtype: str = "auto"  # auto (float16 on CUDA, float32 on the CPU) or one of devices.DTYPES
     guidance: float | None = None  # None: the built-in models' own (2), the pipeline's default otherwise
     negative_prompt: str | None = None
     #: ``--json``: the progress lines go to stderr, so that stdout holds only the JSON object.

@@ -12,7 +12,6 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -20,13 +19,11 @@ import torch.distributed as dist
 
 import paradiff
 
-from ..cli_generate import rank_device, torch_dtype
+from ..devices import rank_device, torch_dtype
 from ..loading import load_pipeline, makes_video, prompt_kwargs, size_kwargs
-from ..runtime.distributed import ensure_process_group, env_world_size
+from ..runtime.distributed import WAIT_TIMEOUT, ensure_process_group, env_world_size
 from .job import BenchJob, RunSpec
 
-#: The longest a rank waits for another: one one-device image, while the other ranks sit at a barrier.
-WAIT_TIMEOUT = timedelta(minutes=30)
 #: The preflight image's steps: the fewest that take every pipeline's ordinary path (see ``_preflight``).
 PREFLIGHT_STEPS = 2
 

@@ -72,7 +72,7 @@ def choose(pipe, stock_call, args: tuple, kwargs: dict, fidelity: str, warmup_st
 
     import torch.distributed as dist
 
-    from ..cli_generate import default_height
+    from ..loading import default_height
     from ..runtime.distributed import local_device
     from .on_ranks import plan_pipeline
 

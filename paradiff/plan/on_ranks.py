@@ -35,9 +35,9 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
     """
     import torch
 
-    from ..cli_generate import WAIT_TIMEOUT, default_height, rank_device, torch_dtype
-    from ..loading import default_size, frames_parameter, load_pipeline, prompt_kwargs
-    from ..runtime.distributed import ensure_process_group
+    from ..devices import rank_device, torch_dtype
+    from ..loading import default_height, default_size, frames_parameter, load_pipeline, prompt_kwargs
+    from ..runtime.distributed import WAIT_TIMEOUT, ensure_process_group
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1 and job.hardware is None:
