@@ -28,7 +28,7 @@ from pathlib import Path
 from . import __version__
 from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value
 from .cli_generate import GenerateJob, generate_on_rank
-from .cli_output import generate_json, quiet_output, summary_lines, times_sign
+from .cli_output import generate_json, summary_lines, times_sign
 from .devices import DTYPES
 from .errors import ParadiffError, PeerFailure
 from .launch import RanksFailed, run_on_ranks, under_torchrun
@@ -45,6 +45,7 @@ from .loading import (
 from .output_files import check_writable, output_kind, output_paths
 from .plan.architectures import architecture_names
 from .plan.hardware import hardware_names
+from .quiet import quiet_output
 from .strategies import strategy_names
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143

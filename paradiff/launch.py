@@ -202,7 +202,7 @@ class _Workers:
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         if not self.verbose:
-            from .cli_output import QUIET_ENV
+            from .quiet import QUIET_ENV
 
             env.update(QUIET_ENV)
         return env

@@ -139,7 +139,7 @@ def main() -> None:
     payload = _read_part(stdin)
     threading.Thread(target=_watch_parent, args=(stdin,), daemon=True).start()
     if not settings["verbose"]:
-        from .cli_output import quiet_warnings
+        from .quiet import quiet_warnings
 
         quiet_warnings()
 
@@ -148,7 +148,7 @@ def main() -> None:
     rank = os.environ.get("RANK", "?")
     try:
         if not settings["verbose"]:
-            from .cli_output import quiet_libraries
+            from .quiet import quiet_libraries
 
             quiet_libraries()
         _alias_main(settings["main"])
