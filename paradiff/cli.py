@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from . import __version__
-from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value
+from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
 from .cli_generate import GenerateJob, generate_on_rank
 from .cli_output import generate_json, summary_lines, times_sign
 from .devices import DTYPES
@@ -55,10 +55,6 @@ class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so that every ``finally`` (the workers' cleanup) runs."""
 
 
-def _threads_per_rank(args: argparse.Namespace, nproc: int) -> int:
-    return args.threads or max(1, (os.cpu_count() or 1) // max(nproc, 1))
-
-
 def _in_process(nproc: int) -> bool:
     """Whether the ranks' function runs in this process (one rank, or torchrun's rank)."""
     return nproc == 1 or under_torchrun()
@@ -85,7 +81,7 @@ def generate(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         out=args.out,
         baseline=not args.no_baseline,
-        threads=_threads_per_rank(args, nproc),
+        threads=threads_per_rank(args.threads, nproc),
         device=args.device,
         dtype=args.dtype,
         guidance=args.guidance,
@@ -154,9 +150,7 @@ def bench(args: argparse.Namespace) -> int:
     from .bench.job import job_from_args
 
     with quiet_output(args.verbose, libraries=False):
-        check_numbers(args)
-        args.nproc = resolve_nproc(args)
-        job = job_from_args(args, threads=_threads_per_rank(args, args.nproc))
+        job = job_from_args(args, threads=args.threads)
     from .bench.run import bench_on_rank
 
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
@@ -194,7 +188,7 @@ def plan(args: argparse.Namespace) -> int:
         hardware=args.hardware,
         device=args.device,
         dtype=args.dtype,
-        threads=_threads_per_rank(args, nproc),
+        threads=threads_per_rank(args.threads, nproc),
         allow_pickle=args.allow_pickle,
         call=call_arguments(args.call),
     )

@@ -101,6 +101,11 @@ def resolve_nproc(args: argparse.Namespace) -> int:
     return nproc
 
 
+def threads_per_rank(threads: int | None, nproc: int) -> int:
+    """``--threads``, or by default (None or 0) the CPU cores shared out among the ranks."""
+    return threads or max(1, (os.cpu_count() or 1) // max(nproc, 1))
+
+
 def check_world(strategy: str, nproc: int) -> None:
     """Refuse a world size the strategy cannot run on, as ``parallelize`` would (one rank runs no strategy)."""
     if nproc < 2 or strategy == "auto":

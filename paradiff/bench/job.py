@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli_checks import check_world, given_prompts, resolve_nproc
+from ..cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, threads_per_rank
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
@@ -100,15 +100,15 @@ class BenchJob:
         return shlex.join(["paradiff", "bench", *parts, *prompts, *calls])
 
 
-def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
+def job_from_args(args: argparse.Namespace, threads: int | None = None) -> BenchJob:
     """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker.
 
-    The world size is ``cli_checks.resolve_nproc``'s (torchrun's, ``--nproc`` or the machine's default).
+    The world size is ``cli_checks.resolve_nproc``'s (torchrun's, ``--nproc`` or the machine's default);
+    ``threads`` None: ``cli_checks.threads_per_rank``'s default.
     """
-    for option in ("nproc", "prompts", "steps", "size", "width"):
-        value = getattr(args, option)
-        if value is not None and value < 1:
-            raise ParadiffError(f"--{option} must be at least 1, got {value}")
+    check_numbers(args)
+    if args.prompts is not None and args.prompts < 1:
+        raise ParadiffError(f"--prompts must be at least 1, got {args.prompts}")
     nproc = resolve_nproc(args)
     if nproc < 2:
         raise ParadiffError(f"bench compares N ranks with one device; use --nproc 2 or more, got {nproc}")
@@ -132,7 +132,7 @@ def job_from_args(args: argparse.Namespace, threads: int) -> BenchJob:
         size=args.size or default_size(args.model),
         width=args.width,
         seed=args.seed,
-        threads=threads,
+        threads=threads_per_rank(threads, nproc),
         out=args.out,
         call=call_arguments(args.call),
         prompt_texts=texts,
