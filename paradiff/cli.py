@@ -35,6 +35,7 @@ from .launch import RanksFailed, run_on_ranks, under_torchrun
 from .loading import (
     ALLOW_PICKLE_FLAG,
     DEFAULT_MODEL,
+    DEFAULT_STEPS,
     MODEL_NAMES,
     call_arguments,
     check_model,
@@ -252,7 +253,7 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
         help="how many processes (ranks) to start, one per GPU (default: every visible GPU, or 2 on a machine "
         "without one; under torchrun, torchrun's)",
     )
-    parser.add_argument("--steps", type=int, default=20, help="denoising steps")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps")
     parser.add_argument(
         "--size",
         type=int,

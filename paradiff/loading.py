@@ -29,6 +29,8 @@ RANDOM_MODELS = {"random-sd": "sd", "random-pixart": "pixart"}
 #: ``generate``'s model: the built-in DiT, at a size where two CPU ranks beat one (see :func:`default_size`).
 DEFAULT_MODEL = "paradiff-tiny-dit"
 MODEL_NAMES = (*TRAINED_MODELS, *RANDOM_MODELS)
+#: The command line's ``--steps`` when none is given (a plan's printed commands leave it out at this value).
+DEFAULT_STEPS = 20
 #: A Hugging Face hub repository id: ``owner/name``.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 #: The flag that lets pickled weights load, named in the refusal.

@@ -35,14 +35,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..strategies import strategy_class
 from .frame_blocks import BlockLoop
 from .hardware import Hardware
 from .workload import Workload
 
 #: Strategies :func:`predict` models.
 MODELLED = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses", "ring", "dualparal")
-#: Strategies whose result equals one device's whatever the warm-up.
-EXACT = ("cfg", "ulysses", "ring")
+
+
+def always_exact(strategy: str) -> bool:
+    """Whether ``strategy``'s result equals one device's whatever the warm-up (the strategy itself says so)."""
+    return not strategy_class(strategy).uses_warmup
 
 
 @dataclass(frozen=True)
@@ -331,13 +335,13 @@ def predict(
         raise ValueError(f"no cost model for strategy {strategy!r}{' without its block loop' * (blocks is None)}")
     cfg_bytes = m.w.latent_bytes / 2 if groups == 2 and strategy != "cfg" else 0.0  # a group's predictions
     cfg_gather = m.transfer(cfg_bytes, 1) if cfg_bytes else 0.0
-    synced = iterations if strategy in EXACT else min(iterations, warmup_steps + 1)
+    synced = iterations if always_exact(strategy) else min(iterations, warmup_steps + 1)
     loop_s, loop_bytes = step.loop(synced, scale)
     loop = loop_s + sum(scale) * cfg_gather
     decode = fixed.decode_s * hardware.shared_slowdown / nproc if fixed.decode_banded else fixed.decode_s
     total = fixed.encode_s + loop + decode
     alone = fixed.encode_s + sum(scale) * one_device_step(workload, hardware, dtype) + fixed.decode_s
-    exact = strategy in EXACT or synced == iterations
+    exact = always_exact(strategy) or synced == iterations
     if strategy == "dualparal":  # fresh (every window), it equals one device with blocks seeing their predecessor only
         exact = max(blocks.position) < synced and blocks.blocks <= 2
     return Prediction(

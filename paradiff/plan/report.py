@@ -12,13 +12,12 @@ import json
 import shlex
 from dataclasses import asdict
 
-from .costs import EXACT, Prediction, call_s, one_device_step
+from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_STEPS, default_size
+from .costs import Prediction, always_exact, call_s, one_device_step
 from .hardware import MEASURED
 from .job import PLAN_PROMPT, Plan
 
 HEADERS = ("strategy", "warm-up", "s/step", "total s", "speedup", "MB/step", "MB/rank", "exact")
-#: ``paradiff generate``'s ``--steps`` when none is given.
-GENERATE_STEPS = 20
 #: Why a setting has no ``paradiff generate`` / ``bench`` command: neither takes strategy options.
 NO_COMMAND = "no paradiff generate command: generate and bench take no strategy options ({options}); use the call above"
 
@@ -95,7 +94,7 @@ def plan_lines(plan: Plan) -> list[str]:
     rows = [
         [
             p.label,
-            "—" if p.strategy in EXACT else str(p.warmup_steps),
+            "—" if always_exact(p.strategy) else str(p.warmup_steps),
             f"{p.predicted_step_s:.3g}",
             f"{p.predicted_total_s:.3g}",
             f"{p.predicted_speedup:.2f}×",
@@ -154,7 +153,7 @@ def _run_lines(plan: Plan, exact: Prediction | None, fastest: Prediction | None)
 
 
 def _setting(prediction: Prediction) -> str:
-    warmup = "" if prediction.strategy in EXACT else f", warm-up {prediction.warmup_steps}"
+    warmup = "" if always_exact(prediction.strategy) else f", warm-up {prediction.warmup_steps}"
     return f"{prediction.label}{warmup} ({prediction.predicted_speedup:.2f}× predicted)"
 
 
@@ -171,7 +170,7 @@ def _keywords(options: dict) -> list[str]:
 def parallelize_call(prediction: Prediction) -> str:
     """The ``paradiff.parallelize`` call that runs ``prediction``'s setting."""
     arguments = [f'strategy="{prediction.strategy}"']
-    if prediction.strategy not in EXACT:
+    if not always_exact(prediction.strategy):
         arguments.append(f"warmup_steps={prediction.warmup_steps}")
     if prediction.cfg_parallel:
         arguments.append("cfg_parallel=True")
@@ -192,10 +191,8 @@ def _cli_model(plan: Plan) -> str:
 
 def _workload_options(plan: Plan, frames: bool) -> list[str]:
     """The options that make ``generate`` / ``bench`` call the pipeline as the plan traced it."""
-    from ..loading import ALLOW_PICKLE_FLAG, default_size
-
     job = plan.job
-    words = [] if plan.steps == GENERATE_STEPS else ["--steps", str(plan.steps)]
+    words = [] if plan.steps == DEFAULT_STEPS else ["--steps", str(plan.steps)]
     if plan.size != default_size(plan.model):
         words += ["--size", str(plan.size)]
     if plan.width not in (None, plan.size):
@@ -221,7 +218,7 @@ def generate_command(plan: Plan, prediction: Prediction) -> str | None:
     if prediction.cfg_parallel or prediction.options:
         return None
     words = ["paradiff", "generate", "--model", _cli_model(plan), "--strategy", prediction.strategy]
-    if prediction.strategy not in EXACT:
+    if not always_exact(prediction.strategy):
         words += ["--warmup", str(prediction.warmup_steps)]
     words += ["--nproc", str(plan.nproc), *_workload_options(plan, frames=True)]
     return shlex.join([*words, PLAN_PROMPT])  # the prompt the plan traced: replace it with yours
