@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import __version__
 from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
-from .cli_generate import GenerateJob, generate_on_rank
+from .cli_generate import GenerateJob, check_outputs, generate_on_rank
 from .cli_output import generate_json, summary_lines, times_sign
 from .devices import DTYPES
 from .errors import ParadiffError, PeerFailure
@@ -41,9 +41,7 @@ from .loading import (
     check_model,
     default_size,
     default_strategy,
-    video_model,
 )
-from .output_files import check_writable, output_kind, output_paths
 from .plan.architectures import architecture_names
 from .plan.hardware import hardware_names
 from .quiet import quiet_output
@@ -68,7 +66,6 @@ def generate(args: argparse.Namespace) -> int:
         raise ParadiffError('say what to draw: paradiff generate "a prompt" (or --prompt, --prompts-file)')
     nproc = resolve_nproc(args)
     strategy = args.strategy or default_strategy(args.model)
-    check_world(strategy, nproc)
     job = GenerateJob(
         prompts=tuple(prompts),
         model=args.model,
@@ -92,7 +89,8 @@ def generate(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         timeout_s=args.timeout,
     )
-    _check_outputs(job)
+    check_outputs(job)  # before the world check, which imports diffusers
+    check_world(strategy, nproc)
     with quiet_output(args.verbose, libraries=False):
         check_model(job.model)
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
@@ -107,18 +105,6 @@ def generate(args: argparse.Namespace) -> int:
         )
         print(text, flush=True)
     return 0
-
-
-def _check_outputs(job: GenerateJob) -> None:
-    """The files the pictures will go to, refused before any worker starts if they exist or cannot be written.
-
-    The kind (image or video) is known here for the built-in models and from ``--out``'s extension; a model
-    read from a folder is checked again, as what it makes, once loaded.
-    """
-    kind = output_kind(job.out) or ("video" if video_model(job.model) else "image")
-    per_prompt = dict(job.call).get("num_images_per_prompt", dict(job.call).get("num_videos_per_prompt", 1))
-    count = len(job.prompts) * (per_prompt if isinstance(per_prompt, int) and per_prompt > 0 else 1)
-    check_writable(output_paths(job.out, kind, count), job.overwrite)
 
 
 def _timeout(args: argparse.Namespace) -> timedelta:

@@ -21,13 +21,16 @@ from .devices import rank_device, torch_dtype
 from .errors import ParadiffError
 from .loading import (
     RANDOM_MODELS,
+    TRAINED_MODELS,
     default_height,
     fixed_frames,
     frames_parameter,
     load_pipeline,
     makes_video,
+    model_index,
     prompt_kwargs,
     size_kwargs,
+    video_model,
     warn_if_cut,
 )
 from .output_files import IMAGE_SUFFIXES, VIDEO_SUFFIXES, check_writable, output_kind, output_paths, write_outputs
@@ -89,6 +92,21 @@ def _guidance(pipe, inputs: dict) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
+def check_picture_kind(name: str, video: bool, takes_frames: bool, out: str | None, frames: int | None) -> None:
+    """Refuse ``--frames`` for a pipeline that takes no frame count, and an ``--out`` file of the other kind.
+
+    The parent runs it for the built-in models, whose kind it knows before any worker starts; every rank runs
+    it again on the loaded pipeline (``name`` is ``"model (PipelineClass)"``).
+    """
+    if frames is not None and not takes_frames:
+        raise ParadiffError(f"--frames is for video pipelines, and {name} makes images; drop --frames")
+    kind = "video" if video else "image"
+    wanted = output_kind(out)
+    if wanted is not None and wanted != kind:
+        allowed = ", ".join(VIDEO_SUFFIXES if video else IMAGE_SUFFIXES)
+        raise ParadiffError(f"--out {out} is a file for {wanted}s, and {name} makes {kind}s: use {allowed}")
+
+
 def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     """Every check that needs the loaded pipeline, before anything is drawn; the call's arguments and output.
 
@@ -100,20 +118,15 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     kind = "video" if video else "image"
     name = f"{job.model} ({type(pipe).__name__})"
     call_kwargs = size_kwargs(job.size, job.width)
+    frames = frames_parameter(pipe)
+    check_picture_kind(name, video, frames is not None, job.out, job.frames)
     if job.frames is not None:
-        frames = frames_parameter(pipe)
-        if frames is None:
-            raise ParadiffError(f"--frames is for video pipelines, and {name} makes images; drop --frames")
         fixed = fixed_frames(pipe)
         if fixed is not None and job.frames != fixed:
             raise ParadiffError(
                 f"{name} draws {fixed} frames (its transformer's video_length); use --frames {fixed} or drop --frames"
             )
         call_kwargs[frames] = job.frames
-    wanted = output_kind(job.out)
-    if wanted is not None and wanted != kind:
-        allowed = ", ".join(VIDEO_SUFFIXES if video else IMAGE_SUFFIXES)
-        raise ParadiffError(f"--out {job.out} is a file for {wanted}s, and {name} makes {kind}s: use {allowed}")
     guidance = _guidance(pipe, inputs)
     per_prompt = pictures_per_prompt(pipe, inputs)
     paths = output_paths(job.out, kind, per_prompt * len(job.prompts))
@@ -129,14 +142,34 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     return GeneratePlan(call_kwargs, paths, video, per_prompt)
 
 
+#: The call arguments that draw several pictures of one prompt (image and video pipelines).
+PER_PROMPT_ARGUMENTS = ("num_images_per_prompt", "num_videos_per_prompt")
+
+
+def _picture_count(value) -> int:
+    return value if isinstance(value, int) and value > 0 else 1
+
+
 def pictures_per_prompt(pipe, inputs: dict) -> int:
     """How many images (or videos) one prompt makes: the call's ``num_images_per_prompt`` (or videos), default 1."""
     parameters = inspect.signature(type(pipe).__call__).parameters
-    for name in ("num_images_per_prompt", "num_videos_per_prompt"):
+    for name in PER_PROMPT_ARGUMENTS:
         if name in parameters:
-            value = inputs.get(name, parameters[name].default)
-            return value if isinstance(value, int) and value > 0 else 1
+            return _picture_count(inputs.get(name, parameters[name].default))
     return 1
+
+
+def check_outputs(job: GenerateJob) -> None:
+    """What the parent checks of the outputs before any worker starts: the files they go to (refused if they
+    exist or cannot be written) and, for the built-in models, whose kind it knows, ``--frames`` and ``--out``'s
+    kind. A model read from a folder or the hub is checked again, as what it makes, once loaded."""
+    if job.model in TRAINED_MODELS:
+        video = video_model(job.model)
+        check_picture_kind(f"{job.model} ({model_index(job.model)['_class_name']})", video, video, job.out, job.frames)
+    kind = output_kind(job.out) or ("video" if video_model(job.model) else "image")
+    call = dict(job.call)
+    per_prompt = _picture_count(next((call[name] for name in PER_PROMPT_ARGUMENTS if name in call), 1))
+    check_writable(output_paths(job.out, kind, len(job.prompts) * per_prompt), job.overwrite)
 
 
 def loads_by_stage(job: GenerateJob) -> bool:

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from cli_ranks import cli_on_ranks
 from PIL import Image
 from scene_analysis import background_of
 from video_pipeline import save_tiny_cogvideox
@@ -71,9 +72,6 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
     ("argv", "message"),
     [
         (["--model", "paradiff-tiny", "--strategy", "pipefusion"], "strategy='pipefusion' does not support UNet2DCon"),
-        (["--model", "paradiff-tiny-dit", "--strategy", "ring"], "strategy='ring' does not run on CPU"),
-        (["--model", "paradiff-tiny", "--strategy", "patch", "--size", "136"], "height 136 is not divisible by 64"),
-        (["--size", "136"], "height 136 is not a multiple of 32 pixels (a row of PixArtTransformer2DModel's"),
         (
             ["--frames", "8"],
             "--frames is for video pipelines, and paradiff-tiny-dit (PixArtAlphaPipeline) makes images",
@@ -82,7 +80,7 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
         (["--out", "/proc/x.png"], "cannot write /proc/x.png"),
         (["--model", "nobody/nothing"], "hub model nobody/nothing is not in the local Hugging Face cache"),
     ],
-    ids=["pipefusion-unet", "ring-cpu", "size-136", "size-136-dit", "frames-image", "mp4-image", "proc", "offline-hub"],
+    ids=["pipefusion-unet", "frames-image", "mp4-image", "proc", "offline-hub"],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, argv, message):
     argv = [part.replace("{tmp}", str(tmp_path)) for part in argv]
@@ -97,6 +95,24 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, arg
     assert elapsed < REFUSAL_BOUND_S
     left = [path.name for path in tmp_path.iterdir() if path.name.startswith("paradiff") or path.suffix]
     assert left == [], "no output, log or store is left"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "paradiff-tiny", "--strategy", "patch", "--size", "136"], "height 136 is not divisible by 64"),
+        (["--size", "136"], "height 136 is not a multiple of 32 pixels (a row of PixArtTransformer2DModel's"),
+    ],
+    ids=["size-136", "size-136-dit"],
+)
+def test_a_size_the_model_cannot_split_is_one_line_and_exit_2_on_every_rank(pool2, tmp_path, argv, message):
+    """Checked once the pipeline is loaded, on every rank alike (here as under torchrun), before any drawing."""
+    out = tmp_path / "x.png"
+    code, stdout, stderr = cli_on_ranks(pool2, "generate", "a red circle", "--steps", "2", *argv, "--out", str(out))
+    assert code == 2 and stderr.startswith("paradiff: error: ") and stderr.count("\n") == 1, stderr
+    assert message in stderr and stdout == "" and "one device" not in stderr
+    assert not out.exists()
 
 
 @pytest.mark.timeout(300)
