@@ -141,7 +141,9 @@ def bench(args: argparse.Namespace) -> int:
     from .bench.run import bench_on_rank
 
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
-        results = run_on_ranks(bench_on_rank, job.nproc, job, device=job.device, verbose=args.verbose)
+        results = run_on_ranks(
+            bench_on_rank, job.nproc, job, device=job.device, verbose=args.verbose, timeout=_timeout(args)
+        )
     if results is not None:
         import json
 
@@ -178,6 +180,7 @@ def plan(args: argparse.Namespace) -> int:
         threads=threads_per_rank(args.threads, nproc),
         allow_pickle=args.allow_pickle,
         call=call_arguments(args.call),
+        timeout_s=args.timeout,
     )
     with quiet_output(args.verbose, libraries=False):
         result = _make_plan(job, args.verbose)
@@ -198,7 +201,8 @@ def _make_plan(job, verbose: bool):
     check_model(job.model)
     ranks = job.nproc if job.hardware is None else 1  # with --hardware, traced in this process but not timed
     with quiet_output(verbose, libraries=_in_process(ranks)):
-        return run_on_ranks(plan_on_rank, ranks, job, device=job.device, verbose=verbose)
+        timeout = timedelta(seconds=job.timeout_s)
+        return run_on_ranks(plan_on_rank, ranks, job, device=job.device, verbose=verbose, timeout=timeout)
 
 
 # --- the parser ---------------------------------------------------------------------------------------

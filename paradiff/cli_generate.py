@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
+from .cli_output import format_duration
 from .devices import rank_device, torch_dtype
-from .errors import ParadiffError
+from .errors import ParadiffError, ParadiffWarning
 from .loading import (
     RANDOM_MODELS,
     TRAINED_MODELS,
@@ -172,6 +175,62 @@ def check_outputs(job: GenerateJob) -> None:
     check_writable(output_paths(job.out, kind, len(job.prompts) * per_prompt), job.overwrite)
 
 
+#: A run whose denoising on one device takes at least this long (s) is announced, with the estimate, before it starts.
+LONG_RUN_S = 600.0
+
+
+def check_run_length(pipe, job: GenerateJob, inputs: dict, plan: GeneratePlan, device, dtype) -> None:
+    """Before drawing, at a size far beyond the model's own: refuse a one-device reference that takes longer than
+    the other ranks wait for it (``--timeout``), and warn of a run that takes long. Rank 0 estimates (a lower
+    bound); every rank acts on its verdict alike.
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    verdict = [_run_length(pipe, job, inputs, plan, device, dtype) if rank == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is None:
+        return
+    refused, message = verdict[0]
+    if refused:
+        raise ParadiffError(message)
+    if rank == 0:
+        warnings.warn(message, ParadiffWarning, stacklevel=2)
+
+
+def _run_length(pipe, job: GenerateJob, inputs: dict, plan: GeneratePlan, device, dtype) -> tuple[bool, str] | None:
+    """``(refused, message)`` for a run that takes long, None otherwise; up to twice the model's own size on each
+    side nothing is estimated (it costs a traced call)."""
+    from .plan.estimate import denoising_seconds_at_least
+    from .plan.workload import PLAN_STEPS
+
+    own = default_height(pipe)
+    height = job.size or own
+    width = job.width or height
+    if own is None or height is None or height * width <= 4 * own**2:
+        return None
+
+    def call():
+        pipe.set_progress_bar_config(disable=True)  # a traced call, not a picture; draw() sets the bar again
+        return pipe(**inputs, **plan.call_kwargs, num_inference_steps=PLAN_STEPS, output_type="latent")
+
+    seconds, flops = denoising_seconds_at_least(pipe, call, job.steps, device, dtype)
+    least = f"at {height}×{width} px, {job.steps} steps on one {device.type} device take at least "
+    least += format_duration(seconds)
+    cost = f"here ({flops:.2g} FLOP per denoiser call)"
+    reference = job.baseline and job.nproc > 1
+    if reference and seconds > job.timeout_s:
+        return True, (
+            f"{least} {cost}, longer than the other ranks wait for the one-device reference (--timeout "
+            f"{job.timeout_s:g} s); pass --no-baseline, --timeout {2 * seconds:.0f}, or a smaller --size"
+        )
+    if seconds > LONG_RUN_S:
+        first = "; the one-device reference runs first (--no-baseline skips it)" if reference else ""
+        return False, f"{least} {cost}{first}; a smaller --size is quicker"
+    return None
+
+
 def loads_by_stage(job: GenerateJob) -> bool:
     """Whether each rank loads only its stage of the blocks: ``pipefusion`` or ``dualparal`` without the one-device
     reference (which needs the whole model) on a model read from files."""
@@ -194,12 +253,12 @@ def generate_on_rank(job: GenerateJob) -> dict:
 
     from .memory import PeakMemory
     from .metrics import psnr
-    from .runtime.distributed import WAIT_TIMEOUT, ensure_process_group
+    from .runtime.distributed import ensure_process_group
     from .stage_loading import load_stage_pipeline
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1:
-        ensure_process_group(WAIT_TIMEOUT)
+        ensure_process_group(timedelta(seconds=job.timeout_s))
     rank = dist.get_rank() if dist.is_initialized() else 0
     device = rank_device(job.device)
     dtype = torch_dtype(job.dtype, device)
@@ -217,6 +276,8 @@ def generate_on_rank(job: GenerateJob) -> dict:
     plan = plan_generate(pipe, job, calls[0])
     for prompt, inputs in zip(job.prompts, calls, strict=True):
         warn_if_cut(pipe, prompt, inputs)
+    if not loads_by_stage(job):
+        check_run_length(pipe, job, calls[0], plan, device, dtype)
 
     def draw(label: str) -> tuple[list[np.ndarray], list[float]]:
         outputs, seconds = [], []

@@ -51,6 +51,15 @@ def format_bytes(count: float) -> str:
     return f"{count:.0f} B"
 
 
+def format_duration(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``9.1 h``: a duration as a person reads it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
     """The lines ``paradiff generate`` prints after a run: the files, each phase's time, speed, fidelity, traffic.
 

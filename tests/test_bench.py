@@ -283,3 +283,20 @@ def test_a_torchvision_that_breaks_torchmetrics_is_named(capsys, no_workers, tmp
         "paradiff bench cannot import torchmetrics' image metrics (ModuleNotFoundError: " in err
         and err.count("\n") == 1
     )
+
+
+@pytest.mark.parametrize("command", [[*BENCH, "--out", "{tmp}"], ["plan", "--model", MODEL]])
+def test_timeout_reaches_the_ranks_of_bench_and_plan(monkeypatch, tmp_path, command):
+    """--timeout is the process group's timeout and, under bench, each parallelize call's ``timeout_s``."""
+    from datetime import timedelta
+
+    given = {}
+
+    def stop(fn, nproc, job, **options):
+        given.update(options, job=job)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_on_ranks", stop)
+    argv = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    assert cli.main([*argv, "--timeout", "5"]) == 130
+    assert given["timeout"] == timedelta(seconds=5) and given["job"].timeout_s == 5

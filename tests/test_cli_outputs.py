@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_ranks import cli_on_ranks
 from PIL import Image
 
 import paradiff
@@ -127,3 +129,52 @@ def test_a_prompt_longer_than_the_text_encoder_reads_is_said(unet_pipe):
     with warnings.catch_warnings():
         warnings.simplefilter("error", paradiff.ParadiffWarning)
         warn_if_cut(unet_pipe, "a red circle on a white background", {})
+
+
+def test_a_run_far_beyond_the_models_size_is_measured_before_the_first_step():
+    """``--size 8192`` on the CPU: hours of denoising (traced on meta, nothing drawn), more than the other ranks
+    wait for the one-device reference: refused; without the reference, said in a warning."""
+    import torch
+
+    from paradiff.cli_generate import GenerateJob, _run_length, plan_generate
+
+    pipe = load_pipeline("paradiff-tiny-dit")
+    fields = dict(prompts=("a red circle",), model="paradiff-tiny-dit", strategy="cfg", nproc=2, steps=20)
+    job = GenerateJob(**fields, size=8192, frames=None, seed=0, warmup=4, out=None, baseline=True, threads=1)
+    inputs = prompt_kwargs(pipe, job.model, "a red circle")
+    plan = plan_generate(pipe, job, inputs)
+    refused, message = _run_length(pipe, job, inputs, plan, torch.device("cpu"), torch.float32)
+    assert refused and message.startswith("at 8192×8192 px, 20 steps on one cpu device take at least "), message
+    waits = "longer than the other ranks wait for the one-device reference (--timeout 600 s); pass --no-baseline"
+    assert waits in message
+    least = message.split("take at least ")[1].split(" here")[0]
+    assert least.endswith(" h") or (least.endswith(" min") and int(least.split()[0]) >= 10), least
+    job = replace(job, baseline=False)
+    refused, message = _run_length(pipe, job, inputs, plan, torch.device("cpu"), torch.float32)
+    assert not refused and message.endswith("FLOP per denoiser call); a smaller --size is quicker"), message
+    assert _run_length(pipe, replace(job, size=512), inputs, plan, torch.device("cpu"), torch.float32) is None
+
+
+@pytest.mark.timeout(240)
+def test_size_8192_on_two_cpu_ranks_is_refused_in_seconds_on_every_rank(pool2, tmp_path):
+    out = tmp_path / "big.png"
+    argv = ["generate", "a red circle", "--size", "8192", "--out", str(out)]
+    code, stdout, stderr = cli_on_ranks(pool2, *argv)
+    assert code == 2 and stderr.startswith("paradiff: error: at 8192×8192 px, 20 steps on one cpu device take at least")
+    assert stderr.count("\n") == 1 and "one device:" not in stderr and stdout == "", stderr
+    assert not out.exists()
+
+
+def test_the_warning_of_a_long_run_comes_before_the_picture(tmp_path, capsys, monkeypatch):
+    from paradiff import cli_generate
+
+    monkeypatch.setattr(cli_generate, "LONG_RUN_S", 0.0)
+    out = tmp_path / "big.png"
+    argv = ["generate", "a red circle", "--model", "paradiff-tiny-dit", "--nproc", "1", "--steps", "2"]
+    assert main([*argv, "--size", "640", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "at 640×640 px, 2 steps on one cpu device take at least " in err and "FLOP per denoiser call" in err
+    assert "one-device reference" not in err, "one rank draws no reference"
+    assert Image.open(out).size == (640, 640)
+    assert main([*argv, "--size", "512", "--out", str(tmp_path / "own.png")]) == 0
+    assert "take at least" not in capsys.readouterr().err, "at twice the model's own size, nothing is traced"

@@ -61,6 +61,8 @@ class BenchJob:
     negative_prompt: str | None = None
     #: ``--json``: the progress lines go to stderr, so that stdout holds only the JSON object.
     json: bool = False
+    #: The longest a collective waits for another rank (``--timeout``, ``parallelize``'s ``timeout_s``).
+    timeout_s: float = 600.0
 
     def prompt_list(self, video: bool = False) -> list[str]:
         """The prompts every run draws: the user's, or ``prompts`` built-in scenes (moving ones for video)."""
@@ -141,6 +143,7 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
         guidance=args.guidance,
         negative_prompt=args.negative_prompt,
         json=getattr(args, "json", False),
+        timeout_s=args.timeout,
     )
 
 

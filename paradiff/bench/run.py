@@ -12,6 +12,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ import paradiff
 
 from ..devices import rank_device, torch_dtype
 from ..loading import load_pipeline, makes_video, prompt_kwargs, size_kwargs
-from ..runtime.distributed import WAIT_TIMEOUT, ensure_process_group, env_world_size
+from ..runtime.distributed import ensure_process_group, env_world_size
 from .job import BenchJob, RunSpec
 
 #: The preflight image's steps: the fewest that take every pipeline's ordinary path (see ``_preflight``).
@@ -62,7 +63,7 @@ def bench_on_rank(job: BenchJob) -> BenchResults | None:
     torch.set_num_threads(job.threads)
     world_size = env_world_size()
     if world_size > 1:
-        ensure_process_group(WAIT_TIMEOUT)
+        ensure_process_group(timedelta(seconds=job.timeout_s))
     rank = dist.get_rank() if dist.is_initialized() else 0
     device = rank_device(job.device)
     dtype = torch_dtype(job.dtype, device)
@@ -91,7 +92,7 @@ def _preflight(pipe, job: BenchJob, spec: RunSpec, inputs: dict) -> None:
     Every rank fails here at once if the size cannot be split (rather than after the baseline), and
     first-call costs (allocations, connections) stay out of the timings.
     """
-    with _parallelized(pipe, spec):
+    with _parallelized(pipe, spec, job.timeout_s):
         # 2, not 1: PixArt takes a one-step path for 1 that indexes a scheduler result DPM-Solver does not return
         _generate(pipe, inputs, size_kwargs(job.size, job.width), PREFLIGHT_STEPS, job.seed)
     _barrier()
@@ -101,7 +102,7 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
     """Every prompt through one run; the baseline only on rank 0, every run starting on all ranks together."""
     run = RunResult(spec)
     parallel = spec.strategy is not None
-    with _parallelized(pipe, spec):
+    with _parallelized(pipe, spec, job.timeout_s):
         for index, kwargs in enumerate(inputs):
             _barrier()
             if parallel or rank == 0:
@@ -115,13 +116,13 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
 
 
 @contextmanager
-def _parallelized(pipe, spec: RunSpec):
+def _parallelized(pipe, spec: RunSpec, timeout_s: float):
     """``pipe`` parallelized as ``spec`` says inside the block (as it is for the baseline or on one rank)."""
     if spec.strategy is None:
         yield
         return
     options = {} if spec.warmup is None else {"warmup_steps": spec.warmup}
-    paradiff.parallelize(pipe, strategy=spec.strategy, **options)
+    paradiff.parallelize(pipe, strategy=spec.strategy, timeout_s=timeout_s, **options)
     try:
         yield
     finally:

@@ -37,6 +37,8 @@ class PlanJob:
     call: tuple = ()
     #: Width in pixels when it differs from ``size`` (the height).
     width: int | None = None
+    #: The longest a collective waits for another rank (``--timeout``).
+    timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)

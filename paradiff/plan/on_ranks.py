@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from ..errors import ParadiffError
 from .calibrate import calibrate, fastest
@@ -37,11 +38,11 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
 
     from ..devices import rank_device, torch_dtype
     from ..loading import default_height, default_size, frames_parameter, load_pipeline, prompt_kwargs
-    from ..runtime.distributed import WAIT_TIMEOUT, ensure_process_group
+    from ..runtime.distributed import ensure_process_group
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1 and job.hardware is None:
-        ensure_process_group(WAIT_TIMEOUT)
+        ensure_process_group(timedelta(seconds=job.timeout_s))
     device = rank_device(job.device)
     dtype = torch_dtype(job.dtype, device)
     pipe = load_pipeline(job.model, dtype=dtype, allow_pickle=job.allow_pickle).to(device)

@@ -38,9 +38,6 @@ def local_device() -> torch.device:
 
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-#: The longest a rank of ``generate``, ``bench`` or ``plan`` waits for another in the default group: one
-#: one-device image, while the other ranks sit at a barrier.
-WAIT_TIMEOUT = timedelta(minutes=30)
 BACKEND_VARIABLE = "PARADIFF_BACKEND"
 
 
