@@ -29,7 +29,7 @@ def on_ranks(family: str, strategy: str, size: int, steps: int, warmup: int) -> 
     import torch.distributed as dist
 
     import paradiff
-    from paradiff.pipeline import find_denoiser
+    from paradiff.models import find_denoiser
     from paradiff.tiny import build_pipeline, prompt_inputs
 
     torch.set_num_threads(1)

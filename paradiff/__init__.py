@@ -24,10 +24,14 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_PIPELINE_API = ("check_parallelize", "comm_stats", "parallelize", "plan_of", "unparallelize")
+_PIPELINE_API = ("comm_stats", "parallelize", "plan_of", "unparallelize")
 
 
 def __getattr__(name: str):
+    if name == "check_parallelize":
+        from .checks import check_parallelize
+
+        return check_parallelize
     if name in _PIPELINE_API:
         from . import pipeline
 

@@ -376,7 +376,7 @@ def default_height(pipe) -> int | None:
     height = parameters.get("height")
     if height is not None and isinstance(height.default, int):
         return height.default
-    from .pipeline import find_denoiser
+    from .models import find_denoiser
 
     config = find_denoiser(pipe).config
     scale = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", None)

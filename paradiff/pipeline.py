@@ -28,10 +28,12 @@ from datetime import timedelta
 
 from torch import nn
 
+from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
 from .layers.decode_broadcast import DecodeOnOneRankHook
-from .models import decoder_family_of, family_of
+from .models import decoder_family_of, family_of, find_denoiser
+from .plan.auto import check_fidelity, choose
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
@@ -39,15 +41,12 @@ from .runtime.distributed import RankGroup, can_join_world, ensure_process_group
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.step_state import StepState
-from .stage_loading import check_loaded_stage
 from .strategies import strategy_class
 from .strategies.base import Strategy
 from .strategies.cfg import CfgStrategy
 from .strategies.installation import Installation
 from .strategies.patch import PatchStrategy
-from .strategies.support import strategies_for
 
-DENOISER_ATTRIBUTES = ("transformer", "unet")
 #: How to make ranks that disagree at ``parallelize`` agree.
 SAME_SETUP = "load the same model and pass the same options to parallelize() on every rank"
 
@@ -105,7 +104,7 @@ class ParallelState:
         agree(call, self.world, "the call's arguments", "pass the same arguments to pipe(...) on every rank")
         if self.strategy is not None and kwargs.get("height") and not _may_resize(stock_call, kwargs):
             degree = self.strategy_part.comm.size
-            self.strategy.check_height(self.denoiser, degree, kwargs["height"], _vae_scale_factor(pipe))
+            self.strategy.check_height(self.denoiser, degree, kwargs["height"], vae_scale_factor(pipe))
         kwargs = agree_on_noise(kwargs, self.world)
         for part in self.parts:
             part.begin_run()
@@ -136,8 +135,6 @@ class AutoState:
     original_class: type
 
     def call(self, pipe, stock_call, args: tuple, kwargs: dict):
-        from .plan.auto import choose
-
         warmup = self.options.get("warmup_steps", SHARED_OPTIONS["warmup_steps"])
         auto_class, pipe.__class__ = pipe.__class__, self.original_class  # the checks read the pipeline's own class
         try:
@@ -158,8 +155,6 @@ AUTO_OPTIONS = ("fidelity", *(name for name in SHARED_OPTIONS if name != "cfg_pa
 
 
 def _parallelize_auto(pipe, options: dict):
-    from .plan.auto import check_fidelity
-
     unknown = sorted(set(options) - set(AUTO_OPTIONS))
     if unknown:
         raise ParadiffError(f"strategy='auto' takes {', '.join(AUTO_OPTIONS)}; got {', '.join(unknown)}")
@@ -203,17 +198,6 @@ def _parallel_class(cls: type) -> type:
     return _SUBCLASSES[cls]
 
 
-def find_denoiser(pipe) -> nn.Module:
-    for attribute in DENOISER_ATTRIBUTES:
-        module = getattr(pipe, attribute, None)
-        if isinstance(module, nn.Module):
-            return module
-    raise ParadiffError(
-        f"{type(pipe).__name__} has no denoiser attribute ({' or '.join(DENOISER_ATTRIBUTES)}); "
-        "paradiff parallelizes diffusers pipelines built around a U-Net or a transformer"
-    )
-
-
 def _may_resize(stock_call, kwargs: dict) -> bool:
     """Whether the pipeline may change the requested size itself (PixArt's resolution binning).
 
@@ -221,74 +205,6 @@ def _may_resize(stock_call, kwargs: dict) -> bool:
     """
     binning = inspect.signature(stock_call).parameters.get("use_resolution_binning")
     return binning is not None and kwargs.get("use_resolution_binning", binning.default) is True
-
-
-def _vae_scale_factor(pipe) -> int:
-    return int(getattr(pipe, "vae_scale_factor", 8))
-
-
-def check_parallelize(
-    pipe,
-    strategy: str = "patch",
-    world_size: int | None = None,
-    height: int | None = None,
-    config: ParallelConfig | None = None,
-    **options,
-) -> None:
-    """Raise the :class:`ParadiffError` that ``parallelize`` (and a call at ``height`` pixels) would raise on
-    ``world_size`` ranks (default: the current world), without any collective or any change to ``pipe``.
-
-    Everything paradiff can refuse before work starts is checked here: the options, the world size, the
-    strategy against the denoiser and the pipeline, and the height against the strategy's cut. A launcher
-    calls it before drawing anything, so bad input costs no compute.
-    """
-    config = config or ParallelConfig.from_options(strategy, options)
-    denoiser = find_denoiser(pipe)
-    strategy_cls = strategy_class(config.strategy)
-    family = family_of(denoiser, any_model=strategy_cls.model_agnostic)  # the CFG split is model-agnostic too
-    world_size = env_world_size() if world_size is None else world_size
-    check_loaded_stage(denoiser, config, world_size)
-    if world_size == 1:
-        return
-    cfg, degree = config.degrees(world_size)
-    if height:
-        _check_model_height(denoiser, family, height, _vae_scale_factor(pipe))
-    if cfg > 1:
-        CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
-    check_on_denoiser(denoiser, family, config, degree, height, _vae_scale_factor(pipe))
-
-
-def check_on_denoiser(
-    denoiser: nn.Module,
-    family,
-    config: ParallelConfig,
-    degree: int,
-    height: int | None,
-    vae_scale_factor: int,
-    this_machine: bool = True,
-) -> None:
-    """The checks of :func:`check_parallelize` that need the denoiser alone: the model, this machine (unless
-    ``this_machine`` is False: a plan for another one) and the height, against the strategy on ``degree`` ranks."""
-    if degree == 1:  # the cfg split alone: the strategy does not run
-        return
-    strategy_cls = strategy_class(config.strategy)
-    strategy_cls.check_model(denoiser, family, degree, config)
-    if this_machine:
-        strategy_cls.check_machine(denoiser)
-    if height:
-        strategy_cls(config.options).check_height(denoiser, degree, height, vae_scale_factor)
-
-
-def _check_model_height(denoiser: nn.Module, family, height: int, vae_scale_factor: int) -> None:
-    """Refuse a height the denoiser itself cannot draw: not whole rows of its latent patches."""
-    pixels = family.pixels_per_row(denoiser, vae_scale_factor)
-    if height % pixels:
-        lower, upper = height - height % pixels, height - height % pixels + pixels
-        near = f"{lower} or {upper}" if lower else str(upper)
-        raise ParadiffError(
-            f"height {height} is not a multiple of {pixels} pixels (a row of {type(denoiser).__name__}'s latent "
-            f"patches), so the model cannot draw it; use {near}"
-        )
 
 
 def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = None, **options):
@@ -332,7 +248,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     device = local_device()
     if device.type == "cuda" and denoiser.device != device:
         pipe.to(device)
-    scale = _vae_scale_factor(pipe)
+    scale = vae_scale_factor(pipe)
     strategy = strategy_part = cfg_part = decoder_part = None
     if groups.strategy is not None:
         strategy = strategy_cls(config.options, groups)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import paradiff
-from paradiff.pipeline import find_denoiser
+from paradiff.models import find_denoiser
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 STEPS = 3

@@ -24,8 +24,7 @@ import paradiff
 from paradiff.compat import ContextParallelInput, ulysses_gathers_key_masks
 from paradiff.errors import ParadiffError
 from paradiff.layers.token_plan import split_piece
-from paradiff.models import family_of
-from paradiff.pipeline import find_denoiser
+from paradiff.models import family_of, find_denoiser
 from paradiff.strategies import strategy_class
 from paradiff.strategies.cfg import cfg_free_reason
 

@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from paradiff.cli import build_parser, main
-from paradiff.pipeline import find_denoiser
+from paradiff.models import find_denoiser
 from paradiff.plan.architectures import architecture, architecture_names
 from paradiff.plan.costs import balanced_cut, predict
 from paradiff.plan.hardware import Hardware, hardware_profile

@@ -30,6 +30,9 @@ from .vae import VAEDecoderFamily
 from .video_unet import AnimateDiffFamily, StableVideoDiffusionFamily
 from .wan import WanFamily
 
+#: The attributes a diffusers pipeline keeps its denoiser under.
+DENOISER_ATTRIBUTES = ("transformer", "unet")
+
 FAMILIES: tuple[DenoiserFamily, ...] = (
     # U-Nets: image, then video
     UNetFamily(),
@@ -105,4 +108,16 @@ def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:
     raise ParadiffError(
         f"denoiser class {type(model).__name__} is not supported; supported classes: {supported} "
         "(strategy='parastep' and strategy='cfg' run any denoiser, also together: parastep with cfg_parallel=True)"
+    )
+
+
+def find_denoiser(pipe) -> nn.Module:
+    """The pipeline's denoiser (its transformer or U-Net), or a ParadiffError naming what it lacks."""
+    for attribute in DENOISER_ATTRIBUTES:
+        module = getattr(pipe, attribute, None)
+        if isinstance(module, nn.Module):
+            return module
+    raise ParadiffError(
+        f"{type(pipe).__name__} has no denoiser attribute ({' or '.join(DENOISER_ATTRIBUTES)}); "
+        "paradiff parallelizes diffusers pipelines built around a U-Net or a transformer"
     )

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
+
+from ..compat import progress_bar_off
 from ..errors import ParadiffError
+from ..loading import default_height
+from ..runtime.distributed import local_device
 from .costs import Prediction
 from .job import Plan, PlanJob
+from .on_ranks import plan_pipeline
 
 FIDELITIES = ("exact", "displaced")
 
@@ -51,9 +59,6 @@ def check_fidelity(fidelity: str) -> None:
 @contextlib.contextmanager
 def _untouched(pipe, kwargs: dict):
     """The generators in ``kwargs`` and the progress bar as they were, whatever runs inside (bar off meanwhile)."""
-    import torch
-
-    from ..compat import progress_bar_off
 
     generators = kwargs.get("generator")
     generators = generators if isinstance(generators, list) else [generators]
@@ -68,13 +73,6 @@ def _untouched(pipe, kwargs: dict):
 
 def choose(pipe, stock_call, args: tuple, kwargs: dict, fidelity: str, warmup_steps: int) -> Choice:
     """Plan this call on every rank and pick the fastest predicted setting (a collective)."""
-    import time
-
-    import torch.distributed as dist
-
-    from ..loading import default_height
-    from ..runtime.distributed import local_device
-    from .on_ranks import plan_pipeline
 
     start = time.perf_counter()
     parameters = inspect.signature(stock_call).parameters

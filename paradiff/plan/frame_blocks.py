@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models import family_of
+from ..layers.stages import stage_blocks
+from ..models import family_of, find_denoiser
 from ..models.base import bind_inputs
+from ..strategies.dualparal import block_schedules, frame_blocks_of
 from .workload import Capture, Workload, denoiser_skipped, meta_model, on_meta, trace
 
 
@@ -79,9 +81,6 @@ def block_loop(
     made. ``window``: the first window's call as :func:`pipeline_workload` traced it. ``context``: the frames of
     the previous block a block attends to (``dualparal_context``; None: a whole block).
     """
-    from ..layers.stages import stage_blocks
-    from ..pipeline import find_denoiser
-    from ..strategies.dualparal import block_schedules, frame_blocks_of
 
     denoiser = find_denoiser(pipe)
     family = family_of(denoiser, any_model=True)

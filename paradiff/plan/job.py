@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..checks import check_on_denoiser
+from ..config import ParallelConfig
 from ..errors import ParadiffError
+from ..models import family_of
+from ..models.base import bind_inputs
+from ..strategies import strategy_class
+from .architectures import architecture
 from .costs import MODELLED, Fixed, Prediction, decode_fixed, predict
 from .frame_blocks import BlockLoop
 from .hardware import Hardware, hardware_names, hardware_profile
-from .workload import Workload
+from .workload import Workload, meta_model, trace
 
 #: The prompt a plan traces and times the model with (the built-in models know its words).
 PLAN_PROMPT = "a large red circle on the left on a white background"
@@ -149,12 +155,6 @@ def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dic
 
 def plan_architecture(job: PlanJob) -> Plan:
     """A plan for a well-known denoiser by name, from its public config and a hardware profile."""
-    from ..config import ParallelConfig
-    from ..models import family_of
-    from ..pipeline import check_on_denoiser
-    from ..strategies import strategy_class
-    from .architectures import architecture
-    from .workload import meta_model, trace
 
     arch = architecture(job.model)
     if job.hardware is None:
@@ -203,6 +203,5 @@ def plan_architecture(job: PlanJob) -> Plan:
 
 
 def _batch(model, family, inputs: dict) -> int:
-    from ..models.base import bind_inputs
 
     return bind_inputs(model, (), inputs).arguments[family.latent_arg].shape[0]

@@ -6,7 +6,18 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+import torch
+import torch.distributed as dist
+
+from ..checks import check_parallelize
+from ..devices import rank_device, torch_dtype
 from ..errors import ParadiffError
+from ..loading import default_height, default_size, frames_parameter, load_pipeline, prompt_kwargs
+from ..models import decoder_family_of, family_of, find_denoiser
+from ..models.base import bind_inputs
+from ..runtime.distributed import ensure_process_group
+from ..strategies.dualparal import frame_blocks_of, makes_block_schedules
+from ..strategies.parastep import COPIED_SCHEDULER
 from .calibrate import calibrate, fastest
 from .costs import Fixed
 from .frame_blocks import block_loop
@@ -17,8 +28,6 @@ from .workload import PLAN_STEPS, denoiser_skipped, pipeline_workload
 
 def part_height(pipe, height: int, nproc: int) -> int:
     """The height of one rank's band of ``height`` (whole rows of the denoiser's latent patches)."""
-    from ..models import family_of
-    from ..pipeline import find_denoiser
 
     scale = int(getattr(pipe, "vae_scale_factor", 8))
     denoiser = find_denoiser(pipe)
@@ -34,11 +43,6 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
 
     With a hardware profile nothing is timed: one process (rank 0, no process group) traces and predicts.
     """
-    import torch
-
-    from ..devices import rank_device, torch_dtype
-    from ..loading import default_height, default_size, frames_parameter, load_pipeline, prompt_kwargs
-    from ..runtime.distributed import ensure_process_group
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1 and job.hardware is None:
@@ -77,16 +81,6 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     A collective when no hardware profile is named (every rank of the default group times its part); rank 0
     returns the plan.
     """
-    import torch
-    import torch.distributed as dist
-
-    import paradiff
-
-    from ..models import decoder_family_of, family_of
-    from ..models.base import bind_inputs
-    from ..pipeline import find_denoiser
-    from ..strategies.dualparal import frame_blocks_of, makes_block_schedules
-    from ..strategies.parastep import COPIED_SCHEDULER
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     denoiser = find_denoiser(pipe)
@@ -121,7 +115,7 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
 
     def check(strategy: str, cfg_parallel: bool, **options) -> None:
         split = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
-        paradiff.check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **split, **options)
+        check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **split, **options)
 
     latent_batch = bind_inputs(denoiser, full.args, full.kwargs).arguments[family.latent_arg].shape[0]
     runnable, refused = runnable_strategies(check, job, latent_batch % 2 == 0 or workload.calls_per_step == 2)

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..errors import ParadiffError
-from ..models import family_of
+from ..models import family_of, find_denoiser
 from ..models.base import bind_inputs
 
 CAPTURE_HOOK = "paradiff_plan_capture"
@@ -157,7 +157,6 @@ class _CaptureHook(_ZerosHook):
 def denoiser_skipped(pipe, dtype: torch.dtype | None = None):
     """Inside the block, ``pipe``'s denoiser computes nothing: every call returns zeros of its output's shape (what
     is left of a pipeline call is its prompt encoding, scheduler and decode)."""
-    from ..pipeline import find_denoiser
 
     denoiser = find_denoiser(pipe)
     dtype = dtype or next(denoiser.parameters()).dtype
@@ -324,7 +323,6 @@ def token_rows_of(model: nn.Module, family, args: tuple, kwargs: dict) -> int:
 def pipeline_workload(pipe, call: Callable[[], object], dtype: torch.dtype | None = None) -> tuple[Workload, Capture]:
     """The workload of the denoiser calls ``call()`` (a call of ``pipe``) makes, traced on the meta device, and
     the first call's real inputs."""
-    from ..pipeline import find_denoiser
 
     denoiser = find_denoiser(pipe)
     family = family_of(denoiser, any_model=True)
