@@ -93,8 +93,8 @@ def on_ranks(family: str, size: int, steps: int, strategy: str, warmup: int, pat
 
 def _drain_share(family: str, size: int, nproc: int, patches: int | None) -> tuple[int, float]:
     """Patches per displaced call and the idle share a pipeline that drains every call has: (N−1)/(M+N−1)."""
-    from paradiff.layers.stages import plan_patches
     from paradiff.models import family_of
+    from paradiff.stages.blocks import plan_patches
 
     model = cached_pipeline(family).transformer
     pixels = family_of(model).pixels_per_row(model, 8)

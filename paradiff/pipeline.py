@@ -41,6 +41,7 @@ from .runtime.distributed import RankGroup, can_join_world, ensure_process_group
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.step_state import StepState
+from .stages.loading import loaded_stage
 from .strategies import strategy_class
 from .strategies.base import Strategy
 from .strategies.cfg import CfgStrategy
@@ -237,7 +238,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         return pipe
     everyone = RankGroup.world(timedelta(seconds=config.timeout_s))
     start_heartbeat()
-    setup = describe_setup(pipe, config.as_options())
+    setup = describe_setup(pipe, config.as_options(), loaded_stage)
     agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
     if refusal is not None:
         raise refusal

@@ -28,8 +28,8 @@ from paradiff.compat import (
     recording_parallel_config,
     remove_hook,
 )
-from paradiff.layers.stages import PassThroughHook, block_streams
 from paradiff.models.base import BlockStack
+from paradiff.stages.blocks import PassThroughHook, block_streams
 
 
 class NameRecorder(ModelHook):

@@ -18,10 +18,10 @@ from patch_cases import (
 
 import paradiff
 from paradiff import ParadiffError
-from paradiff.layers.stages import plan_patches, stage_blocks
 from paradiff.models import family_of
+from paradiff.stages.blocks import plan_patches, stage_blocks
+from paradiff.stages.cut import balanced_cut
 from paradiff.strategies import strategy_class, strategy_names, supported_combinations
-from paradiff.strategies.stage_cut import balanced_cut
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 TOLERANCE = 1e-4

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers.stages import stage_blocks
 from ..models import family_of, find_denoiser
 from ..models.base import bind_inputs
-from ..strategies.dualparal import block_schedules, frame_blocks_of
+from ..stages.blocks import stage_blocks
+from ..stages.frame_block_hooks import frame_blocks_of
+from ..strategies.dualparal import block_schedules
 from .workload import Capture, Workload, denoiser_skipped, meta_model, on_meta, trace
 
 

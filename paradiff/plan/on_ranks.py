@@ -16,7 +16,8 @@ from ..loading import default_height, default_size, frames_parameter, load_pipel
 from ..models import decoder_family_of, family_of, find_denoiser
 from ..models.base import bind_inputs
 from ..runtime.distributed import ensure_process_group
-from ..strategies.dualparal import frame_blocks_of, makes_block_schedules
+from ..stages.frame_block_hooks import frame_blocks_of
+from ..strategies.dualparal import makes_block_schedules
 from ..strategies.parastep import COPIED_SCHEDULER
 from .calibrate import calibrate, fastest
 from .costs import Fixed

@@ -22,7 +22,7 @@ travel differently (``Communicator.bucket_limit_bytes`` separates them):
   matters: launching a small collective costs about a millisecond of CPU on an oversubscribed host
   (measured with gloo).
 
-A pipeline of stages (``pipefusion``, :mod:`paradiff.runtime.stage_link`) passes activations from
+A pipeline of stages (``pipefusion``, :mod:`paradiff.stages.link`) passes activations from
 one stage to the next instead; it also records how long each of its denoiser calls took and how much
 of that it spent idle, waiting for another stage (its pipeline's bubble).
 

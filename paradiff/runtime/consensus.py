@@ -17,13 +17,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..errors import ParadiffError
-from ..stage_loading import loaded_stage
 from .comm import Communicator
 
 #: Strings longer than this are shown cut, followed by a hash of the whole.
@@ -114,9 +114,10 @@ def weights_checksum(module: nn.Module, names: tuple[str, ...] | None = None) ->
     return total
 
 
-def describe_setup(pipe, options: dict) -> dict[str, str]:
+def describe_setup(pipe, options: dict, loaded_stage: Callable[[nn.Module], object | None]) -> dict[str, str]:
     """What ``parallelize`` runs: the options, the pipeline class, each component (class, parameter count,
-    dtype, weights checksum)."""
+    dtype, weights checksum). ``loaded_stage(module)`` says which stage of a component's blocks this rank
+    loaded (``paradiff.stages.loading``), None for a whole one: then the ranks compare the cut instead."""
     description = {name: describe(value) for name, value in options.items()}
     description["pipeline"] = type(pipe).__qualname__
     scheduler = getattr(pipe, "scheduler", None)

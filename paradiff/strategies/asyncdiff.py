@@ -23,9 +23,9 @@ from ..errors import ParadiffError
 from ..layers.components import ComponentCall, ComponentCallHook, UnitHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
+from ..stages.cut import balanced_cut, mean_over_ranks
 from .base import Strategy, StrategyOptions, is_counts
 from .installation import Installation
-from .stage_cut import balanced_cut, mean_over_ranks
 from .support import strategies_for, supported_classes
 
 

@@ -7,7 +7,7 @@ sit at staggered noise levels, each moves one level down, the cleanest leaves an
 (``ar_step=1`` is DualParal's queue). Every rank draws the same initial noise for the whole video
 (paradiff agrees on it before the call): the shared pool. The pipeline's loop runs on every rank; paradiff
 reads its schedule (``generate_timestep_matrix``, wrapped on the instance during each call) and runs each
-denoiser call as a pipeline of stages over frame blocks (``paradiff.layers.frame_blocks``):
+denoiser call as a pipeline of stages over frame blocks (``paradiff.stages.frame_block_hooks``):
 
 * the transformer's blocks are cut into one contiguous stage per rank, and each rank keeps only its
   stage's weights (as ``pipefusion``; ``unparallelize`` brings the others back);
@@ -56,7 +56,13 @@ from torch import nn
 
 from ..compat import CallContextHook
 from ..errors import ParadiffError
-from ..layers.frame_blocks import (
+from ..layers.sdpa import SDPAHook
+from ..models import DenoiserFamily, family_of
+from ..models.base import bind_inputs
+from ..runtime.comm import Communicator
+from ..stages.blocks import PassThroughHook, stage_blocks
+from ..stages.cut import cut_by_bytes
+from ..stages.frame_block_hooks import (
     BlockCursor,
     BlockPass,
     RotaryOffsetHook,
@@ -64,18 +70,14 @@ from ..layers.frame_blocks import (
     TailKV,
     TailKVHook,
     WindowHook,
+    frame_blocks_of,
 )
-from ..layers.sdpa import SDPAHook
-from ..layers.stages import PassThroughHook, stage_blocks
-from ..models import DenoiserFamily, family_of
-from ..models.base import bind_inputs
-from ..runtime.comm import Communicator
-from ..runtime.stage_link import StageLink
-from ..stage_loading import loaded_cut
+from ..stages.link import StageLink
+from ..stages.loading import loaded_cut
+from ..stages.release import release_other_stages
 from .base import Strategy, StrategyOptions, is_count
 from .installation import Installation
-from .pipefusion import PipeFusionInstallation, _release
-from .stage_cut import cut_by_bytes
+from .pipefusion import PipeFusionInstallation
 from .support import strategies_for, supported_classes
 
 #: What to use instead, named by refusals of pipelines without per-frame noise levels.
@@ -106,11 +108,6 @@ class DualParalOptions(StrategyOptions):
             )
         if not isinstance(self.dualparal_displaced, bool):
             raise ParadiffError(f"dualparal_displaced must be True or False, got {self.dualparal_displaced!r}")
-
-
-def frame_blocks_of(family: DenoiserFamily):
-    """The family's description for running one block of frames at a time, or None."""
-    return getattr(family, "frame_blocks", None)
 
 
 class DualParalStrategy(Strategy):
@@ -174,7 +171,7 @@ class DualParalStrategy(Strategy):
         for i in mine:
             name = f"{named[i][0]}.{description.self_attention}"
             installed.hook(denoiser.get_submodule(name), TailKVHook(name, cursor))
-        installed.released = _release(denoiser, blocks, cut, comm.rank)
+        installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
 

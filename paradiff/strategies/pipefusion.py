@@ -6,7 +6,7 @@ Rank ``s`` keeps only stage ``s``'s block parameters; the embeddings and the hea
 Warm-up calls pass the whole sequence through the stages in turn (exact); later calls pass M patches
 of whole token rows, which keeps every stage busy once the pipeline is full, with each attention layer
 attending to a buffer of the whole image's K/V, one step stale outside the patches already done
-(``paradiff.layers.stages``). The family (``paradiff.models``) says where the blocks are and what
+(``paradiff.stages.blocks``). The family (``paradiff.models``) says where the blocks are and what
 they pass on; this module knows no model class.
 
 The pipeline drains at the end of every call: the pipeline's own ``__call__`` (CFG combine, scheduler
@@ -24,7 +24,6 @@ and ``parallelize`` frees them the same way.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,9 @@ from torch import nn
 from ..errors import ParadiffError
 from ..layers.attention import plan_kv_completion
 from ..layers.sdpa_kv import SDPACompletionHook
-from ..layers.stages import (
+from ..models import DenoiserFamily, family_of
+from ..runtime.comm import Communicator
+from ..stages.blocks import (
     PassThroughHook,
     PatchKV,
     PatchText,
@@ -44,12 +45,11 @@ from ..layers.stages import (
     plan_patches,
     stage_blocks,
 )
-from ..models import DenoiserFamily, family_of
-from ..runtime.comm import Communicator
-from ..stage_loading import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
+from ..stages.cut import balanced_cut, measured_costs
+from ..stages.loading import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
+from ..stages.release import params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .installation import Installation
-from .stage_cut import balanced_cut, measured_costs
 from .support import strategies_for, supported_classes
 
 
@@ -176,7 +176,7 @@ class PipeFusionStrategy(Strategy):
             installed.hook(module, layer_hook)
         for attn, processor in processors:
             installed.set_processor(attn, processor)
-        installed.released = _release(denoiser, blocks, cut, comm.rank)
+        installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
 
@@ -195,55 +195,10 @@ class PipeFusionInstallation(Installation):
     def restore(self) -> None:
         """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it; the
         model is then whole, even if it was loaded by stage."""
-        for stage, blocks in enumerate(_split(self.blocks, self.cut)):
-            for param in _params_of(blocks):
+        for stage, blocks in enumerate(stage_groups(self.blocks, self.cut)):
+            for param in params_of(blocks):
                 if id(param) in self.released:
                     param.data = param.data.new_empty(self.released.pop(id(param)))
                 self.comm.wait([self.comm.broadcast(param.data, stage)[0]])
         if loaded_stage(self.model) is not None:
             delattr(self.model, LOADED_STAGE_ATTRIBUTE)
-
-
-def _split(blocks: list[nn.Module], cut: tuple[int, ...]) -> list[list[nn.Module]]:
-    bounds = [0, *itertools.accumulate(cut)]
-    return [blocks[start:stop] for start, stop in itertools.pairwise(bounds)]
-
-
-def _params_of(blocks: list[nn.Module]) -> list[nn.Parameter]:
-    """The blocks' parameters, each once, in a fixed order."""
-    seen, params = set(), []
-    for block in blocks:
-        for param in block.parameters():
-            if id(param) not in seen:
-                seen.add(id(param))
-                params.append(param)
-    return params
-
-
-def _release(denoiser: nn.Module, blocks: list[nn.Module], cut: tuple[int, ...], stage: int) -> dict[int, torch.Size]:
-    """Free the parameters of the other stages' blocks (those no kept module shares); their shapes by ``id``."""
-    others = [block for s, group in enumerate(_split(blocks, cut)) if s != stage for block in group]
-    elsewhere = {id(m) for block in others for m in block.modules()}
-    kept = {id(p) for m in denoiser.modules() if id(m) not in elsewhere for p in m.parameters(recurse=False)}
-    home = next(p.device for p in denoiser.parameters() if p.device.type != "meta")
-    released = {}
-    for param in _params_of(others):
-        if id(param) not in kept:
-            shape, empty = param.shape, torch.empty(0, dtype=param.dtype, device=home)
-            if param.device.type == "meta":  # loaded by stage; a meta parameter cannot take real data in place
-                param = _replace_parameter(others, param, empty)
-            else:
-                param.data = empty
-            released[id(param)] = shape
-    return released
-
-
-def _replace_parameter(blocks: list[nn.Module], param: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
-    """Put a new parameter holding ``data`` wherever ``blocks`` hold ``param``; the new parameter."""
-    new = nn.Parameter(data, requires_grad=param.requires_grad)
-    for block in blocks:
-        for module in block.modules():
-            for name, value in module._parameters.items():
-                if value is param:
-                    module._parameters[name] = new
-    return new

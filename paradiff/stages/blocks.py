@@ -27,12 +27,12 @@ from torch import nn
 
 from ..compat import CallContextHook, block_returns_image_first
 from ..errors import ParadiffError
+from ..layers.sdpa_kv import JointText
+from ..layers.split import output_sample, replace_output_sample
 from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs, map_by_spec
 from ..runtime.comm import Communicator
-from ..runtime.stage_link import StageLink
 from ..runtime.step_state import RowPartition
-from .sdpa_kv import JointText
-from .split import output_sample, replace_output_sample
+from .link import StageLink
 
 
 def plan_patches(rows: int, requested: int | None, stages: int, pixels: int) -> int:

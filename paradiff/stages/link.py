@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .comm import OUTPUT, PIPE, Communicator
+from ..runtime.comm import OUTPUT, PIPE, Communicator
 
 
 class StageLink:

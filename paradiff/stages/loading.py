@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import ParadiffError
-from .layers.stages import stage_blocks
-from .loading import TRAINED_MODELS, absent_components, corrupt_weights, load_failure, model_index
-from .models import family_of
-from .runtime.distributed import env_world_size, local_device
+from ..errors import ParadiffError
+from ..loading import TRAINED_MODELS, absent_components, corrupt_weights, load_failure, model_index
+from ..models import family_of
+from ..runtime.distributed import env_world_size, local_device
+from .blocks import stage_blocks
+from .cut import cut_by_bytes
+from .frame_block_hooks import frame_blocks_of
 
 #: Where the record of a stage-loaded denoiser lives on the module.
 LOADED_STAGE_ATTRIBUTE = "_paradiff_loaded_stage"
@@ -98,7 +100,7 @@ def _rank() -> int:
 def _pipeline_folder(model: str) -> Path:
     model_index(model)  # a model that cannot load fails here, with the loader's own message
     if model in TRAINED_MODELS:
-        from .builtin import pipeline_folder
+        from ..builtin import pipeline_folder
 
         return pipeline_folder(TRAINED_MODELS[model])
     if Path(model).expanduser().is_dir():
@@ -132,7 +134,6 @@ def _meta_denoiser(folder: Path, name: str, class_name: str) -> nn.Module:
 
 
 def _stage_cut(blocks: list[nn.Module], degree: int, stages: tuple[int, ...] | None) -> tuple[int, ...]:
-    from .strategies.stage_cut import cut_by_bytes
 
     if stages is None:
         return cut_by_bytes(blocks, degree)
@@ -236,7 +237,6 @@ def _stack(family, strategy: str):
     """The blocks ``strategy`` cuts into stages on ``family``'s models, or None."""
     if strategy == "pipefusion":
         return family.block_stack
-    from .strategies.dualparal import frame_blocks_of
 
     blocks = frame_blocks_of(family)
     return None if blocks is None else blocks.stack
