@@ -145,7 +145,7 @@ class AutoState:
             raise
         del pipe._paradiff
         picked = choice.prediction
-        split = {} if picked.strategy == "cfg" else {"cfg_parallel": picked.cfg_parallel}
+        split = strategy_class(picked.strategy).split_options(picked.cfg_parallel)
         parallelize(pipe, strategy=picked.strategy, **self.options, **split, **picked.options)
         pipe._paradiff.choice = choice
         return pipe._paradiff.call(pipe, stock_call, args, kwargs)

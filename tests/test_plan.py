@@ -16,10 +16,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from paradiff.cli import build_parser, main
 from paradiff.models import find_denoiser
 from paradiff.plan.architectures import architecture, architecture_names
-from paradiff.plan.costs import balanced_cut, predict
+from paradiff.plan.costs import predict
 from paradiff.plan.hardware import Hardware, hardware_profile
 from paradiff.plan.job import PLAN_PROMPT
 from paradiff.plan.workload import Workload, meta_model, pipeline_workload
+from paradiff.strategies.costing import balanced_sums
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 SIZE = 64
@@ -172,11 +173,11 @@ def test_a_two_call_step_costs_two_calls_and_the_cfg_split_gives_each_group_one(
 
 
 def test_a_balanced_cut_keeps_the_largest_component_small():
-    assert balanced_cut((1, 1, 1, 1), 2) == [2, 2]
-    assert balanced_cut((1,) * 40, 4) == [10, 10, 10, 10]
-    assert balanced_cut((1,) * 10, 3) == [3, 4, 3]
-    assert balanced_cut((3, 1, 1, 1), 2) == [3, 3]
-    assert balanced_cut((1, 1), 4) == [1, 1, 0.0, 0.0]
+    assert balanced_sums((1, 1, 1, 1), 2) == [2, 2]
+    assert balanced_sums((1,) * 40, 4) == [10, 10, 10, 10]
+    assert balanced_sums((1,) * 10, 3) == [3, 4, 3]
+    assert balanced_sums((3, 1, 1, 1), 2) == [3, 3]
+    assert balanced_sums((1, 1), 4) == [1, 1, 0.0, 0.0]
 
 
 #: (family, strategy, relative tolerance). asyncdiff cuts the U-Net where the measured times balance, the model
@@ -454,6 +455,133 @@ def test_auto_plans_the_first_call_of_pixart_under_dpm_solver(pool2):
     for result in results:
         assert result["exact"] and result["error"] <= 1e-5, result["reason"]
         assert result["strategy"] == results[0]["strategy"]
+
+
+#: Hand-made predictions for 2 ranks, ``(strategy, warm-up, exact, speedup)``: the fastest of all is displaced
+#: (``patch``), the fastest exact one is the CFG split, and neither comes first or last, so a pick by order or of
+#: the slowest (``asyncdiff``, ``ring``) shows.
+HAND_MADE = (
+    ("parastep", 1, False, 1.1),
+    ("cfg", 0, True, 1.6),
+    ("patch", 1, False, 1.9),
+    ("ring", 0, True, 1.3),
+    ("asyncdiff", 1, False, 0.8),
+)
+#: The step count and warm-up the hand-made plan's call runs with (patch at warm-up 1 is displaced from step 3).
+HAND_MADE_STEPS, HAND_MADE_WARMUP = 4, 1
+
+
+def hand_made_plan():
+    """A plan of the tiny SD pipeline at ``SIZE`` px on 2 ranks whose predictions are :data:`HAND_MADE`."""
+    from paradiff.plan.costs import Fixed, Prediction
+    from paradiff.plan.job import Plan
+
+    rows = tuple(
+        Prediction(
+            strategy=strategy,
+            warmup_steps=warmup,
+            nproc=2,
+            cfg_parallel=False,
+            predicted_step_s=0.1 / speedup,
+            predicted_total_s=1.0 / speedup,
+            predicted_speedup=speedup,
+            bytes_per_step=0.0,
+            memory_mb=1.0,
+            exact=exact,
+        )
+        for strategy, warmup, exact, speedup in HAND_MADE
+    )
+    return Plan(
+        model="StableDiffusionPipeline",
+        size=SIZE,
+        frames=None,
+        steps=HAND_MADE_STEPS,
+        nproc=2,
+        dtype="float32",
+        hardware=hardware_profile("h200-nvlink"),  # unread by the pick: a plan carries one
+        workload=None,  # unread by the pick, and no planner traced this plan
+        fixed=Fixed(),
+        predictions=rows,
+    )
+
+
+def test_the_plan_picks_the_fastest_exact_setting_or_the_fastest_of_all():
+    import dataclasses
+
+    plan = hand_made_plan()
+    best_exact, best = plan.best(exact=True), plan.best(exact=False)
+    assert (best_exact.strategy, best_exact.exact, best_exact.predicted_speedup) == ("cfg", True, 1.6)
+    assert (best.strategy, best.exact, best.predicted_speedup) == ("patch", False, 1.9)
+    displaced_only = dataclasses.replace(plan, predictions=tuple(p for p in plan.predictions if not p.exact))
+    assert displaced_only.best(exact=True) is None and displaced_only.best(exact=False).strategy == "patch"
+
+
+def auto_on_the_hand_made_plan(fidelity: str) -> dict:
+    """``strategy="auto"`` on the tiny SD pipeline with the planner replaced by :func:`hand_made_plan` (rank 0
+    plans, as the real one does): what the first call picked, installed and returned, beside one device's latents.
+
+    The real planner's choice depends on this machine's timings; this one's is known, and the call costs no
+    planning."""
+    import unittest.mock
+
+    import torch.distributed as dist
+
+    import paradiff
+    from paradiff.plan import auto, on_ranks
+
+    pipe = build_pipeline("sd")
+
+    def draw():
+        generator = torch.Generator().manual_seed(0)
+        return pipe(
+            **prompt_inputs(pipe, "sd"),
+            height=SIZE,
+            width=SIZE,
+            num_inference_steps=HAND_MADE_STEPS,
+            generator=generator,
+            output_type="latent",
+        ).images
+
+    planned = []
+
+    def plan_pipeline(pipe, call, size, job, device):
+        planned.append((size, job.nproc, job.steps, job.warmups))
+        return hand_made_plan() if dist.get_rank() == 0 else None
+
+    reference = draw()
+    # auto imports plan_pipeline by name; on_ranks too, should choose import it from there when it runs
+    with (
+        unittest.mock.patch.object(auto, "plan_pipeline", plan_pipeline),
+        unittest.mock.patch.object(on_ranks, "plan_pipeline", plan_pipeline),
+    ):
+        pipe = paradiff.parallelize(pipe, strategy="auto", fidelity=fidelity, warmup_steps=HAND_MADE_WARMUP)
+        latents = draw()
+    config = pipe._paradiff.config
+    choice = paradiff.plan_of(pipe)
+    paradiff.unparallelize(pipe)
+    return {
+        "planned": planned,
+        "picked": (choice.prediction.strategy, choice.prediction.exact, choice.fidelity),
+        "installed": (config.strategy, config.warmup_steps),
+        "relative_error": float((latents - reference).abs().max() / reference.abs().max()),
+        "latents": latents.numpy(),
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("fidelity", "picked", "exact"), [("displaced", "patch", False), ("exact", "cfg", True)])
+def test_auto_runs_the_fastest_prediction_its_fidelity_allows(pool2, fidelity, picked, exact):
+    """``fidelity="displaced"`` picks the fastest of all (a displaced strategy), ``"exact"`` the fastest exact one,
+    from the same plan; the first call plans itself at its own size and steps, installs the pick on both ranks and
+    returns the same latents on both."""
+    results = pool2.run(auto_on_the_hand_made_plan, fidelity, timeout_s=100)
+    for result in results:
+        assert result["planned"] == [(SIZE, 2, HAND_MADE_STEPS, (HAND_MADE_WARMUP,))]
+        assert result["picked"] == (picked, exact, fidelity)
+        assert result["installed"] == (picked, HAND_MADE_WARMUP)
+        assert (result["latents"] == results[0]["latents"]).all()
+        # the exact pick equals one device; the displaced one really ran displaced (stale activations after warm-up)
+        assert (result["relative_error"] <= 1e-5) == exact, result["relative_error"]
 
 
 def test_auto_refuses_options_it_decides_itself():

@@ -10,7 +10,7 @@ modules see only the built-in strategies.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from paradiff.models.base import bind_inputs
 from paradiff.runtime.comm import OUTPUT
 from paradiff.strategies import register, strategy_names, supported_combinations, unregister
 from paradiff.strategies.base import Strategy, StrategyOptions
+from paradiff.strategies.costing import CostMachine, CostSetting, StepCost
 from paradiff.strategies.installation import Installation
 from paradiff.tiny import build_pipeline, prompt_inputs
 
@@ -63,6 +64,14 @@ class BatchShareStrategy(Strategy):
     name = "test-batch-share"
     Options = BatchShareOptions
     uses_warmup = False
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """A rank computes 1/N of the batch; the outputs are gathered once per call."""
+        w = m.w
+        nbytes = w.latent_bytes / m.groups * (n - 1) / n
+        step = m.compute(w.flops / m.groups / n) + m.transfer(nbytes, m.calls)
+        return StepCost(step, step, nbytes, nbytes, m.weights)
 
     def install(self, denoiser, family, comm, vae_scale_factor) -> Installation:
         installed = Installation(denoiser, self.name)
@@ -133,3 +142,26 @@ def test_unregistering_forgets_the_strategy_and_keeps_the_built_in_ones():
         paradiff.ParallelConfig(strategy="test-batch-share")
     with pytest.raises(ParadiffError, match="strategy 'patch' is built in and cannot be unregistered"):
         unregister("patch")
+
+
+def test_a_registered_strategy_is_planned_and_one_without_a_cost_model_is_named(registered):
+    from paradiff.plan.job import PlanJob, plan_architecture
+
+    job = PlanJob("sdxl", nproc=2, steps=10, hardware="h100-nvlink", size=1024)
+    plan = plan_architecture(job)
+    rows = {row.strategy: row for row in plan.predictions}
+    assert "test-batch-share" in rows and rows["test-batch-share"].exact, sorted(rows)
+    assert rows["test-batch-share"].warmup_steps == 0, "exact at every step: one row, no warm-up setting"
+    assert rows["test-batch-share"].bytes_per_step > 0
+
+    class Uncosted(Strategy):
+        name = "test-uncosted"
+
+    register(Uncosted)
+    try:
+        assert "test-uncosted" not in {row.strategy for row in plan_architecture(job).predictions}
+        uncosted = r"strategy 'test-uncosted' declares no cost model \(Strategy.step_cost\)"
+        with pytest.raises(ParadiffError, match=uncosted):
+            plan_architecture(replace(job, strategies=("test-uncosted",)))
+    finally:
+        unregister("test-uncosted")

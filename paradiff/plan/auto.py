@@ -22,7 +22,7 @@ from ..compat import progress_bar_off
 from ..errors import ParadiffError
 from ..loading import default_height
 from ..runtime.distributed import local_device
-from .costs import Prediction
+from .costs import Prediction, always_exact
 from .job import Plan, PlanJob
 from .on_ranks import plan_pipeline
 
@@ -43,7 +43,7 @@ class Choice:
     def reason(self) -> str:
         among = "the exact strategies" if self.fidelity == "exact" else "every strategy"
         p = self.prediction
-        warmup = "" if p.strategy in ("cfg", "ulysses", "ring") else f", warm-up {p.warmup_steps}"
+        warmup = "" if always_exact(p.strategy) else f", warm-up {p.warmup_steps}"
         return (
             f"{p.label}{warmup}: {p.predicted_speedup:.2f}× predicted over one device, the fastest of {among} "
             f"that run this pipeline at {self.plan.pixels} on {self.plan.nproc} ranks (planning took "

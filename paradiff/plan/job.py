@@ -16,7 +16,7 @@ from ..models import family_of
 from ..models.base import bind_inputs
 from ..strategies import strategy_class
 from .architectures import architecture
-from .costs import MODELLED, Fixed, Prediction, decode_fixed, predict
+from .costs import Fixed, Prediction, always_exact, decode_fixed, modelled, modelled_strategies, no_cost_model, predict
 from .frame_blocks import BlockLoop
 from .hardware import Hardware, hardware_names, hardware_profile
 from .workload import Workload, meta_model, trace
@@ -96,7 +96,7 @@ def predictions(
     ``asyncdiff`` at stride 2 on 3+ ranks."""
     rows = []
     for strategy, settings in runnable.items():
-        warmups = (0,) if strategy in ("cfg", "ulysses", "ring") else job.warmups
+        warmups = (0,) if always_exact(strategy) else job.warmups
         for cfg_parallel, options in settings:
             for warmup in warmups:
                 rows.append(
@@ -118,15 +118,11 @@ def predictions(
 
 
 def _candidates(job: PlanJob) -> tuple[str, ...]:
-    names = job.strategies or MODELLED
-    unknown = [name for name in names if name not in MODELLED]
+    names = job.strategies or modelled_strategies()
+    unknown = [name for name in names if not modelled(name)]
     if unknown:
-        raise ParadiffError(f"no cost model for strategy {unknown[0]!r}; plan predicts {', '.join(MODELLED)}")
+        raise ParadiffError(no_cost_model(unknown[0]))
     return names
-
-
-#: Strategy options a plan also predicts, each on the ranks it needs: ``(strategy, options, least ranks)``.
-VARIANTS = (("asyncdiff", (("asyncdiff_stride", 2),), 3),)
 
 
 def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dict]:
@@ -135,10 +131,12 @@ def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dic
     runnable, refused = {}, {}
     for strategy in _candidates(job):
         tried = [(False, ()), (True, ())]
-        tried += [(False, options) for name, options, least in VARIANTS if name == strategy and job.nproc >= least]
+        variants = strategy_class(strategy).plan_variants
+        tried += [(False, options) for options, least in variants if job.nproc >= least]
         settings = []
         for cfg_parallel, options in tried:
-            if cfg_parallel and (strategy == "cfg" or job.nproc < 4 or job.nproc % 2 or not cfg_batch):
+            alone = strategy_class(strategy).cfg_split_alone
+            if cfg_parallel and (alone or job.nproc < 4 or job.nproc % 2 or not cfg_batch):
                 continue
             try:
                 check(strategy, cfg_parallel=cfg_parallel, **dict(options))
@@ -146,7 +144,7 @@ def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dic
             except ParadiffError as error:
                 if not cfg_parallel and not options:
                     refused[strategy] = str(error)
-        if strategy == "cfg" and not cfg_batch:
+        if strategy_class(strategy).cfg_split_alone and not cfg_batch:
             settings, refused[strategy] = [], "the pipeline runs no classifier-free guidance at this setting"
         if settings:
             runnable[strategy] = tuple(settings)
@@ -174,7 +172,7 @@ def plan_architecture(job: PlanJob) -> Plan:
         cls = strategy_class(strategy)
         if not cls.supports(family):
             raise ParadiffError(f"strategy={strategy!r} does not run {type(model).__name__}")
-        split = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
+        split = strategy_class(strategy).split_options(cfg_parallel)
         config = ParallelConfig.from_options(strategy, {**split, **options})
         _, degree = config.degrees(job.nproc)
         check_on_denoiser(model, family, config, degree, size, arch.spec["vae_scale_factor"], this_machine=False)

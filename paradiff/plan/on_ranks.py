@@ -17,8 +17,8 @@ from ..models import decoder_family_of, family_of, find_denoiser
 from ..models.base import bind_inputs
 from ..runtime.distributed import ensure_process_group
 from ..stages.frame_block_hooks import frame_blocks_of
+from ..strategies import strategy_class
 from ..strategies.dualparal import makes_block_schedules
-from ..strategies.parastep import COPIED_SCHEDULER
 from .calibrate import calibrate, fastest
 from .costs import Fixed
 from .frame_blocks import block_loop
@@ -115,15 +115,16 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
         return None
 
     def check(strategy: str, cfg_parallel: bool, **options) -> None:
-        split = {} if strategy == "cfg" else {"cfg_parallel": cfg_parallel}
+        split = strategy_class(strategy).split_options(cfg_parallel)
         check_parallelize(pipe, strategy, world_size=job.nproc, height=size, **split, **options)
 
     latent_batch = bind_inputs(denoiser, full.args, full.kwargs).arguments[family.latent_arg].shape[0]
     runnable, refused = runnable_strategies(check, job, latent_batch % 2 == 0 or workload.calls_per_step == 2)
-    if blocks is None and runnable.pop("dualparal", None):
-        refused["dualparal"] = "the call schedules no frame blocks (--call causal_block_size=N with N > 1)"
-    if forcing and runnable.pop("parastep", None):
-        refused["parastep"] = COPIED_SCHEDULER
+    for strategy in list(runnable):
+        why = strategy_class(strategy).plan_refusal(forcing, block_loop=blocks is not None)
+        if why is not None:
+            del runnable[strategy]
+            refused[strategy] = why
     rows = predictions(workload, hardware, name, job, runnable, fixed, blocks)
     return Plan(
         job.model,

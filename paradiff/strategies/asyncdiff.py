@@ -25,6 +25,7 @@ from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from ..stages.cut import balanced_cut, mean_over_ranks
 from .base import Strategy, StrategyOptions, is_counts
+from .costing import CostMachine, CostSetting, StepCost, balanced_sums, crossing_bytes, cut_ends
 from .installation import Installation
 from .support import strategies_for, supported_classes
 
@@ -77,6 +78,28 @@ class AsyncDiffStrategy(Strategy):
     name = "asyncdiff"
     Options = AsyncDiffOptions
     world = "world = its components, + 1 with asyncdiff_stride=2"
+
+    #: A plan also predicts stride 2, on 3 ranks or more.
+    plan_variants = (((("asyncdiff_stride", 2),), 3),)
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """Warm-up steps whole on every rank, sending nothing; then each rank runs one component (the contiguous
+        cut of the units into N of about equal FLOPs), sends the hidden states that cross its border, and the
+        last component's prediction is broadcast. At stride 2, N − 1 components complete two steps per round,
+        and the extra rank's prediction and the look-ahead one are both broadcast."""
+        w, groups = m.w, m.groups
+        stride = setting.options.get("asyncdiff_stride", 1)
+        parts = n - (stride - 1)
+        components = balanced_sums(tuple(f / groups for f in w.unit_flops), parts)
+        components[0] += (w.flops - w.stack_flops) / groups
+        compute = m.compute(max(components))
+        sent = [crossing_bytes(w, last) / groups for last in cut_ends(w.unit_flops, parts)]
+        predictions = [w.latent_bytes / groups * (n - 1)] * stride  # this step's (and the look-ahead) to every rank
+        transfer = m.transfer((sum(sent) + sum(predictions)) / n, 2 * stride * m.calls)
+        per_step = max([*sent, *predictions]) / stride  # warm-up sends nothing; comm_stats averages the steps that do
+        whole = m.compute(w.flops / groups)
+        return StepCost(whole, m.displaced(compute, transfer) / stride, per_step, per_step, m.weights)
 
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:

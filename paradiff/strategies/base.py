@@ -13,6 +13,10 @@ this order, on every rank alike:
 3. ``Strategy(config.options, groups)`` and ``install(denoiser, family, comm, vae_scale_factor)``, which
    returns the :class:`~paradiff.strategies.installation.Installation` that undoes it;
 4. per ``pipe(...)`` call, ``check_height(...)`` before the call and ``installation.steer(pipe)`` around it.
+
+The planner (``paradiff plan``, ``strategy="auto"``) reads the rest from the class: ``step_cost`` (its cost
+model, in :mod:`paradiff.strategies.costing`'s terms; a strategy without one is never planned, and a plan that
+names it says so), ``predicted_exact``, ``plan_variants`` and ``plan_refusal``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
     from ..models import DenoiserFamily
     from ..runtime.comm import Communicator
     from ..runtime.mesh import MeshGroups
+    from .costing import CostMachine, CostSetting, PassCost, StepCost
     from .installation import Installation
 
 
@@ -69,6 +74,9 @@ class Strategy:
     cfg_split_alone: ClassVar[bool] = False
     #: How many ranks it runs on, as messages about supported combinations say it.
     world: ClassVar[str] = "world = its degree"
+    #: Option settings a plan predicts besides the defaults, each with the least ranks it needs:
+    #: ``((("asyncdiff_stride", 2),), 3)``.
+    plan_variants: ClassVar[tuple] = ()
 
     def __init__(self, options: StrategyOptions | None = None, groups: MeshGroups | None = None):
         self.options = options if options is not None else self.Options()
@@ -127,3 +135,29 @@ class Strategy:
     ) -> Installation:
         """Change ``denoiser`` to run over ``comm``'s ranks; the returned installation undoes it."""
         raise NotImplementedError
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost | PassCost | None:
+        """The cost of one step on ``n`` ranks per CFG group of machine ``m``, for the planner; None: no cost
+        model (the planner then names the strategy as one it cannot predict)."""
+        return None
+
+    @classmethod
+    def has_cost_model(cls) -> bool:
+        return cls.step_cost.__func__ is not Strategy.step_cost.__func__
+
+    @classmethod
+    def predicted_exact(cls, synced: int, iterations: int, blocks) -> bool:
+        """Whether a call whose first ``synced`` of ``iterations`` iterations run in sync equals one device."""
+        return not cls.uses_warmup or synced == iterations
+
+    @classmethod
+    def plan_refusal(cls, forcing: bool, block_loop: bool) -> str | None:
+        """Why a plan cannot predict the strategy on a call of a diffusion-forcing pipeline (``forcing``), or on a
+        call that does (or does not) schedule frame blocks (``block_loop``); None when it can."""
+        return None
+
+    @classmethod
+    def split_options(cls, cfg_parallel: bool) -> dict:
+        """The ``cfg_parallel`` keyword ``parallelize`` takes with this strategy: none for the CFG split alone."""
+        return {} if cls.cfg_split_alone else {"cfg_parallel": cfg_parallel}

@@ -22,6 +22,7 @@ from ..layers.batch_split import CfgSplitHook
 from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from .base import Strategy
+from .costing import CostMachine, CostSetting, StepCost
 from .installation import Installation
 
 #: ``__call__`` arguments of pipelines that can run CFG besides a ``negative_*`` one (true CFG, SVD's per-frame
@@ -52,6 +53,14 @@ class CfgStrategy(Strategy):
     model_agnostic = True
     cfg_split_alone = True
     world = "world = 2"
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """Each group computes half the batch; the halves' predictions are gathered."""
+        w = m.w
+        nbytes = w.latent_bytes / 2
+        step = m.compute(w.flops / 2) + m.transfer(nbytes, 1)
+        return StepCost(step, step, nbytes, nbytes, m.weights)
 
     @classmethod
     def degrees(cls, world_size, config) -> tuple[int, int]:

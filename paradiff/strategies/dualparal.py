@@ -76,6 +76,7 @@ from ..stages.link import StageLink
 from ..stages.loading import loaded_cut
 from ..stages.release import release_other_stages
 from .base import Strategy, StrategyOptions, is_count
+from .costing import CostMachine, CostSetting, PassCost
 from .installation import Installation
 from .pipefusion import PipeFusionInstallation
 from .support import strategies_for, supported_classes
@@ -113,6 +114,43 @@ class DualParalOptions(StrategyOptions):
 class DualParalStrategy(Strategy):
     name = "dualparal"
     Options = DualParalOptions
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> PassCost:
+        """Each call runs one pass of a frame block per block in flight (fresh: one more per block just finished)
+        through 1/N of the blocks, in passes + N − 1 slots; the embeddings and head run per pass on every rank;
+        each pass's hidden states go to the next stage, and the last stage sends the prediction of the blocks in
+        flight to every rank. ``m`` is the window's call; the passes are costed on one block pass's traced call
+        (``setting.blocks.block``), of which ``setting.blocks.fraction``."""
+        loop = setting.blocks
+        if loop is None:
+            raise ValueError("no cost model for strategy 'dualparal' without its block loop")
+        b, groups = m.for_workload(loop.block), m.groups
+        w, f = b.w, loop.fraction
+        stage = b.compute(w.stack_flops * f / groups / n, calls=1 / n)
+        outside = b.compute((w.flops - w.stack_flops) * f / groups, calls=0)  # embeddings and head, every pass
+        hidden = max(w.unit_output_bytes, default=0.0) * f / groups
+        prediction = w.latent_bytes * f / groups * (n - 1)
+
+        def iteration(flight: int, done: int) -> tuple[float, float]:
+            passes = flight + done
+            compute = (passes + n - 1) * stage + passes * outside
+            nbytes = max(passes * hidden, flight * prediction)  # a stage's hidden states; the last one's predictions
+            return b.displaced(compute, b.transfer(nbytes, 2 * b.calls * passes)), nbytes
+
+        fresh = tuple(iteration(flight, done) for flight, done in zip(loop.in_flight, loop.finished, strict=True))
+        displaced = tuple(iteration(flight, 0) for flight in loop.in_flight)
+        weights = (m.w.params - m.w.stack_params + m.w.stack_params / n) * m.w.itemsize
+        return PassCost(fresh, displaced, loop.position, weights)
+
+    @classmethod
+    def predicted_exact(cls, synced: int, iterations: int, blocks) -> bool:
+        """Fresh in every window, it equals one device when blocks see their predecessor only."""
+        return blocks is not None and max(blocks.position) < synced and blocks.blocks <= 2
+
+    @classmethod
+    def plan_refusal(cls, forcing: bool, block_loop: bool) -> str | None:
+        return None if block_loop else "the call schedules no frame blocks (--call causal_block_size=N with N > 1)"
 
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:

@@ -35,6 +35,7 @@ from ..models import DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.step_rounds import StepRounds
 from .base import Strategy
+from .costing import CostMachine, CostSetting, StepCost
 from .installation import Installation
 
 #: Why ``parastep`` refuses a pipeline that copies its scheduler during the call.
@@ -89,6 +90,20 @@ class ParaStepInstallation(Installation):
 class ParaStepStrategy(Strategy):
     name = "parastep"
     model_agnostic = True
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """Warm-up steps on every rank alike; then rounds of N steps, one call per rank, and the predictions
+        gathered."""
+        call = m.compute(m.w.flops / m.groups)
+        one = m.one_call
+        guided = one.latent_bytes / (2 if one.batch % 2 == 0 else 1)  # the latents after CFG combined the halves
+        nbytes = guided / m.groups * (n - 1)  # each round: this rank's step, to the others
+        return StepCost(call, (call + m.transfer(nbytes, 2)) / n, 0.0, nbytes / n, m.weights)
+
+    @classmethod
+    def plan_refusal(cls, forcing: bool, block_loop: bool) -> str | None:
+        return COPIED_SCHEDULER if forcing else None
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int

@@ -22,6 +22,7 @@ from ..layers.token_plan import plan_hooks
 from ..models import DenoiserFamily, family_of
 from ..runtime.comm import BUCKET_LIMIT_BYTES, Communicator
 from .base import Strategy, StrategyOptions, is_count
+from .costing import CostMachine, CostSetting, StepCost
 from .installation import Installation
 
 
@@ -52,6 +53,18 @@ class PatchOptions(StrategyOptions):
 class PatchStrategy(Strategy):
     name = "patch"
     Options = PatchOptions
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """1/N of every layer's tokens; the keys and values of every image attention layer gathered from the
+        other bands ((N−1)/N of them), a halo row above and below each 3×3 convolution, a statistics exchange
+        per GroupNorm, and the bands of the prediction gathered."""
+        w, groups = m.w, m.groups
+        compute = m.compute(w.flops / groups / n)
+        nbytes = (w.kv_bytes + 2 * w.halo_row_bytes + w.latent_bytes) / groups * (n - 1) / n
+        transfer = m.transfer(nbytes, m.calls * (w.attention_layers + w.convolutions + w.group_norms + 1))
+        memory = m.weights + w.kv_bytes / groups
+        return StepCost(compute + transfer, m.displaced(compute, transfer), nbytes, nbytes, memory)
 
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:

@@ -49,6 +49,7 @@ from ..stages.cut import balanced_cut, measured_costs
 from ..stages.loading import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
 from ..stages.release import params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
+from .costing import CostMachine, CostSetting, StepCost, balanced_sums
 from .installation import Installation
 from .support import strategies_for, supported_classes
 
@@ -85,6 +86,21 @@ class PipeFusionOptions(StrategyOptions):
 class PipeFusionStrategy(Strategy):
     name = "pipefusion"
     Options = PipeFusionOptions
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """1/N of the blocks over M patches in M + N − 1 slots (the pipeline fills and drains every call);
+        embeddings and head on every rank; each stage passes its patch's hidden states on."""
+        w, groups = m.w, m.groups
+        patches = setting.options.get("pipefusion_patches") or default_patches(w.token_rows, n)
+        stage = max(balanced_sums(tuple(f / groups for f in w.unit_flops), n))
+        outside = (w.flops - w.stack_flops) / groups
+        boundary = max(w.unit_output_bytes, default=0.0) / groups
+        sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), m.calls * (n - 1))
+        compute = (patches + n - 1) * m.compute(stage / patches, calls=1 / n) + m.compute(outside, calls=0)
+        transfer = m.transfer(boundary, m.calls * patches)
+        weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
+        return StepCost(sync, m.displaced(compute, transfer), boundary, boundary, weights + w.kv_bytes / groups / n)
 
     @classmethod
     def check_world(cls, degree: int, config) -> None:
@@ -179,6 +195,12 @@ class PipeFusionStrategy(Strategy):
         installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
+
+
+def default_patches(token_rows: int, stages: int) -> int:
+    """The default patch count: the divisor of the token rows nearest twice the stages."""
+    divisors = [d for d in range(stages, token_rows + 1) if token_rows % d == 0] or [token_rows]
+    return min(divisors, key=lambda d: (abs(d - 2 * stages), d))
 
 
 class PipeFusionInstallation(Installation):

@@ -41,6 +41,8 @@ hooks), the original processors, and by dropping the config from the model and i
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch.distributed as dist
 from diffusers import ContextParallelConfig
 from diffusers import ParallelConfig as DiffusersParallelConfig
@@ -65,6 +67,7 @@ from ..runtime.comm import Communicator
 from ..runtime.distributed import local_device
 from ..runtime.mesh import context_parallel_mesh
 from .base import Strategy
+from .costing import CostMachine, CostSetting, StepCost
 from .installation import Installation
 from .support import strategies_for, supported_classes
 
@@ -75,6 +78,23 @@ class SequenceStrategy(Strategy):
     #: The ``ContextParallelConfig`` dimension the D ranks form: "ulysses" or "ring".
     sequence_dim = ""
     uses_warmup = False
+
+    #: Whether the keys and values travel around a ring (``ring``) rather than in all-to-alls (``ulysses``).
+    ring_exchange: ClassVar[bool] = False
+
+    @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """The patch's compute, exact every step, nothing overlapped: Ulysses's four all-to-alls per attention
+        layer move 2·(N−1)/N² of its keys and values; the ring passes 1/N of them N−1 times; the prediction's
+        bands are gathered."""
+        w = m.w
+        compute = m.compute(w.flops / m.groups / n)
+        kv = w.kv_bytes / m.groups
+        nbytes = kv * (n - 1) / n if cls.ring_exchange else 2 * kv * (n - 1) / n**2
+        nbytes += w.latent_bytes / m.groups * (n - 1) / n
+        exchanges = w.attention_layers * ((n - 1) if cls.ring_exchange else 4) + 1
+        step = compute + m.transfer(nbytes, m.calls * exchanges)
+        return StepCost(step, step, nbytes, nbytes, m.weights)
 
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:
@@ -157,6 +177,7 @@ class UlyssesStrategy(SequenceStrategy):
 class RingStrategy(SequenceStrategy):
     name = "ring"
     sequence_dim = "ring"
+    ring_exchange = True
 
     @classmethod
     def check_backend(cls, backend: str) -> None:
