@@ -7,7 +7,10 @@ Each rank builds the tiny pipeline of the strategy's family (random weights, the
 it on one device, then parallelized, and compares the latents: the largest difference relative to the
 output's largest magnitude, and whether every rank returned the same output. fp32 passes at 1e-5; ``ring``
 needs an attention backend that returns the log-sum-exp (cuDNN, half precision), so it runs in bfloat16 and
-passes at 2e-2, and it is refused on CPU. Prints a table, writes JSON and exits 1 if a case fails.
+passes at 2e-2, and it is refused on CPU. A refused strategy ran nothing: it is shown as refused, never counted
+as a pass. Prints a table, writes JSON and exits 0 when every requested strategy ran exact, 1 when one ran and was
+not exact, and 3 when none failed but not every requested strategy ran (a refusal: on CPU, pass ``--strategies``
+without ``ring``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,49 @@ CASES = {
 }
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 STEPS = 3
+#: Exit codes: every requested strategy ran exact; one ran and was not exact; none failed, but one did not run.
+PASSED, FAILED, NOT_ALL_RAN = 0, 1, 3
+
+
+def outcome(row: dict) -> str:
+    """``"exact"``, ``"not exact"`` or ``"refused"``: a refused strategy ran nothing, so it is neither a pass nor a
+    failure of exactness, and the table and the exit code keep it apart from both."""
+    if "refused" in row:
+        return "refused"
+    return "exact" if row["exact"] else "not exact"
+
+
+def exit_code(rows: list[dict], names: list[str]) -> int:
+    """:data:`FAILED` if a case ran and was not exact, else :data:`NOT_ALL_RAN` if a requested strategy was refused
+    (or returned no row), else :data:`PASSED`."""
+    outcomes = {row["strategy"]: outcome(row) for row in rows}
+    if "not exact" in outcomes.values():
+        return FAILED
+    if any(outcomes.get(name) != "exact" for name in names):
+        return NOT_ALL_RAN
+    return PASSED
+
+
+def row_line(row: dict) -> str:
+    """One line of the table: the strategy, what it ran on and its outcome."""
+    if "refused" in row:
+        return f"{row['strategy']:10s} {row['family']:12s} REFUSED (did not run): {row['refused']}"
+    return (
+        f"{row['strategy']:10s} {row['family']:12s} {row['dtype']:9s} {row['device']:7s} "
+        f"{row['relative_difference']:.2e} of the largest magnitude, ranks equal: {row['ranks_equal']}: "
+        f"{'exact' if row['exact'] else 'NOT EXACT'}"
+    )
+
+
+def summary(rows: list[dict], names: list[str]) -> str:
+    """How many requested strategies passed, failed and were refused (a refusal is not a pass)."""
+    outcomes = [outcome(row) for row in rows]
+    missing = sorted(set(names) - {row["strategy"] for row in rows})
+    line = (
+        f"{outcomes.count('exact')} of {len(names)} exact, {outcomes.count('not exact')} not exact, "
+        f"{outcomes.count('refused')} refused"
+    )
+    return line + (f", no result for {', '.join(missing)}" if missing else "")
 
 
 def _image_case(pipe, family: str, device, strategy: str):
@@ -116,20 +162,14 @@ def main() -> int:
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         parser.error(f"no case for {', '.join(unknown)}; choose from {', '.join(CASES)}")
-    rows = run_on_ranks(on_rank, 2, args.device, names, device=args.device)
+    ran = run_on_ranks(on_rank, 2, args.device, names, device=args.device)
+    rows = [{**row, "outcome": outcome(row)} for row in ran]
     for row in rows:
-        if "refused" in row:
-            print(f"{row['strategy']:10s} {row['family']:12s} refused: {row['refused']}")
-        else:
-            verdict = "exact" if row["exact"] else "NOT EXACT"
-            print(
-                f"{row['strategy']:10s} {row['family']:12s} {row['dtype']:9s} {row['device']:7s} "
-                f"{row['relative_difference']:.2e} of the largest magnitude, ranks equal: {row['ranks_equal']}: "
-                f"{verdict}"
-            )
+        print(row_line(row))
+    print(summary(rows, names))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
-    return 0 if all(row.get("exact", True) for row in rows) else 1
+    return exit_code(rows, names)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +63,70 @@ def test_the_cli_refuses_pickled_weights_in_one_line_and_loads_them_with_allow_p
     assert not out.exists()
     assert main([*argv, "--size", "32", "--out", str(out), "--allow-pickle"]) == 0
     assert out.is_file()
+
+
+class _RunsCode:
+    """Unpickled, it creates ``marker``: what a pickled weights file can do to whoever loads it."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+@pytest.fixture
+def trapped(tmp_path, folders):
+    """The safe folder but for its U-Net, whose weights are a pickle (its real weights and an object that creates
+    a marker file when unpickled): ``(folder, the U-Net's weights file, marker)``."""
+    folder = tmp_path / "trapped"
+    shutil.copytree(folders["safe"], folder)
+    for path in (folder / "unet").glob("*.safetensors"):
+        path.unlink()
+    weights, marker = folder / "unet" / "diffusion_pytorch_model.bin", tmp_path / "code-ran"
+    torch.save({**folders["unet"], "payload": _RunsCode(marker)}, weights)
+    return folder, weights, marker
+
+
+@pytest.fixture
+def unpickled(monkeypatch):
+    """The files ``torch.load`` opens, with it unpickling them as a loader that trusts pickles does.
+
+    diffusers asks torch for ``weights_only=True``, whose restricted unpickler refuses the marker's object too:
+    a second line of defence, not paradiff's. Without it the marker shows what paradiff's own refusal stops."""
+    opened = []
+    load = torch.load
+
+    def trusting_load(f, *args, **kwargs):
+        opened.append(Path(f))
+        return load(f, *args, **{**kwargs, "weights_only": False})
+
+    monkeypatch.setattr(torch, "load", trusting_load)
+    return opened
+
+
+def test_pickled_weights_are_never_unpickled_without_allow_pickle(trapped, unpickled):
+    folder, weights, marker = trapped
+    with pytest.raises(ParadiffError, match="--allow-pickle") as refusal:
+        load_pipeline(str(folder))
+    assert "\n" not in str(refusal.value)
+    assert unpickled == [] and not marker.exists()
+    # the same file with allow_pickle: unpickled, it runs its code (and the model loads)
+    pipe = load_pipeline(str(folder), allow_pickle=True)
+    assert unpickled == [weights] and marker.exists()
+    assert isinstance(pipe, StableDiffusionPipeline)
+
+
+def test_the_cli_never_unpickles_weights_without_allow_pickle(trapped, unpickled, tmp_path, capsys):
+    folder, weights, marker = trapped
+    out = tmp_path / "x.png"
+    argv = ["generate", "a red circle", "--model", str(folder), "--nproc", "1", "--steps", "1", "--size", "32"]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("paradiff: error: ") and "--allow-pickle" in err
+    assert unpickled == [] and not marker.exists() and not out.exists()
+    assert main([*argv, "--out", str(out), "--allow-pickle"]) == 0
+    assert unpickled == [weights] and marker.exists() and out.is_file()
 
 
 def _with_code(tmp_path, folders, component: str | None):
