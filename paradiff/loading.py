@@ -166,6 +166,11 @@ def load_failure(model: str, error: BaseException, allow_pickle: bool) -> str:
     """One line saying why ``model`` did not load: a weights file that is corrupt, pickled weights without
     ``allow_pickle``, code shipped with the model, or else the loader's own first line."""
     text = " ".join(" ".join(str(link).split()) for link in _chain(error))
+    if "Weights only load failed" in text:  # torch's restricted unpickler, which diffusers loads pickles with
+        return (
+            f"model {model} has a pickled weights file holding Python objects besides tensors, which torch's safe "
+            f"unpickler (weights_only=True) refuses to load ({_first_line(error)}); save the weights as safetensors"
+        )
     damaged = corrupt_file(error)
     if damaged is not None:
         return corrupt_weights(damaged, error)

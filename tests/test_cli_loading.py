@@ -117,10 +117,21 @@ def test_pickled_weights_are_never_unpickled_without_allow_pickle(trapped, unpic
     assert isinstance(pipe, StableDiffusionPipeline)
 
 
+def test_a_pickle_torchs_safe_unpickler_refuses_is_named_so_not_corrupt(trapped):
+    """With allow_pickle, diffusers still unpickles with ``weights_only=True``, which refuses the marker's object:
+    the file is whole, so the message says what refused it."""
+    folder, weights, marker = trapped
+    with pytest.raises(ParadiffError) as refusal:
+        load_pipeline(str(folder), allow_pickle=True)
+    message = str(refusal.value)
+    assert "torch's safe unpickler (weights_only=True) refuses" in message and "corrupt" not in message, message
+    assert not marker.exists()
+
+
 def test_the_cli_never_unpickles_weights_without_allow_pickle(trapped, unpickled, tmp_path, capsys):
     folder, weights, marker = trapped
     out = tmp_path / "x.png"
-    argv = ["generate", "a red circle", "--model", str(folder), "--nproc", "1", "--steps", "1", "--size", "32"]
+    argv = ["generate", "a red circle", "--model", str(folder), "--nproc", "1", "--steps", "2", "--size", "32"]
     assert main([*argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("paradiff: error: ") and "--allow-pickle" in err
