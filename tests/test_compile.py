@@ -4,6 +4,8 @@ compiled graphs, and exact mode stays exact. The slower compiles (the U-Net's, a
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,29 @@ from paradiff.tiny import build_pipeline, prompt_inputs
 STEPS = 3
 #: PixArt's DiT: its compile takes seconds where the U-Net's takes a minute.
 FAMILY = "pixart"
+
+
+class CountingInductor:
+    """The default backend (inductor), counting the graphs it compiles and the calls of them.
+
+    Equal images alone would also pass if nothing were compiled (dynamo disabled, or every frame skipped).
+    """
+
+    def __init__(self):
+        self.graphs = self.runs = 0
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.graphs += 1
+        compiled = lookup_backend("inductor")(graph, example_inputs)
+
+        @functools.wraps(compiled)  # keeps its calling convention (``_boxed_call``)
+        def run(*args):
+            self.runs += 1
+            return compiled(*args)
+
+        return run
 
 
 def compiled_against_uncompiled(strategy: str, warmup_steps: int) -> dict:
@@ -31,13 +56,19 @@ def compiled_against_uncompiled(strategy: str, warmup_steps: int) -> dict:
     pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup_steps)
     if not exact:
         reference = draw().images
-    find_denoiser(pipe).compile()
+    backend = CountingInductor()
+    find_denoiser(pipe).compile(backend=backend)
     try:
         images = draw().images
     finally:
         paradiff.unparallelize(pipe)
         torch._dynamo.reset()
-    return {"error": float(np.abs(images - reference).max()), "images": images}
+    return {
+        "error": float(np.abs(images - reference).max()),
+        "images": images,
+        "graphs": backend.graphs,
+        "runs": backend.runs,
+    }
 
 
 @pytest.mark.timeout(300)
@@ -50,5 +81,7 @@ def test_a_compiled_denoiser_computes_what_the_uncompiled_one_does(pool2, strate
     """Exact settings against one device; displaced pipefusion (patches through the stages) against itself."""
     results = pool2.run(compiled_against_uncompiled, strategy, warmup_steps)
     for result in results:
+        compiled = (result["graphs"], result["runs"])
+        assert compiled[0] >= 1 and compiled[1] >= STEPS, compiled  # graphs compiled, and run at least once a step
         assert result["error"] <= 1e-5, result["error"]  # images in [0, 1]
         np.testing.assert_array_equal(result["images"], results[0]["images"])

@@ -69,12 +69,61 @@ def _check_exact(results) -> None:
         assert result["weights_restored"]
 
 
+def window_allows(frames: int, block: int, context: int | None) -> torch.Tensor:
+    """``[query frame, key frame]``: whether a query frame sees a key frame in dualparal's window, as documented:
+    its own frame block and the last ``context`` frames (None: all) of the block before."""
+    allowed = torch.zeros(frames, frames, dtype=torch.bool)
+    for query in range(frames):
+        own = query // block
+        for key in range(frames):
+            before = key // block == own - 1 and key >= own * block - (context or block)
+            allowed[query, key] = key // block == own or before
+    return allowed
+
+
+def windowed_stock_pipeline(context: int | None = None, extra: dict | None = None) -> np.ndarray:
+    """The stock pipeline in this one process, each transformer block given dualparal's window as its attention
+    mask in place of the model's block-causal one: a reference that shares no code with ``dualparal``."""
+    pipe = build_df_pipeline(4)
+    model = pipe.transformer
+    frames_and_tokens = []
+
+    def shape(_, args, kwargs):  # the call's latent frames and patches per frame
+        _, _, frames, height, width = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]).shape
+        frames_per_patch, rows, columns = model.config.patch_size
+        frames_and_tokens[:] = [frames // frames_per_patch, (height // rows) * (width // columns)]
+
+    def narrow(_, args):  # block(hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask)
+        assert args[4] is not None, "the model's self-attention is not block-causal in this call"
+        frames, tokens = frames_and_tokens
+        allowed = window_allows(frames, model.config.num_frame_per_block, context)
+        mask = allowed.repeat_interleave(tokens, 0).repeat_interleave(tokens, 1)
+        assert mask.shape == args[4].shape[-2:]
+        return (*args[:4], mask[None, None])
+
+    handles = [model.register_forward_pre_hook(shape, with_kwargs=True)]
+    handles += [block.register_forward_pre_hook(narrow) for block in model.blocks]
+    try:
+        return pipe(**df_call(**(extra or {}))).frames.numpy()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("context", "extra"), [(None, None), (1, None), (None, LONG_VIDEO)], ids=["whole-block", "one-frame", "two-windows"]
 )
 def test_fresh_equals_the_one_device_schedule_at_2_ranks(pool2, context, extra):
-    _check_exact(pool2.run(dualparal_vs_one_device, context=context, extra=extra, dualparal_displaced=False))
+    """Against the one-device schedule, and both against the stock pipeline with the window as its mask (a bug
+    the first two share would pass the first check alone)."""
+    results = pool2.run(dualparal_vs_one_device, context=context, extra=extra, dualparal_displaced=False)
+    _check_exact(results)
+    independent = windowed_stock_pipeline(context, extra)
+    scale = float(np.abs(independent).max())
+    assert np.abs(results[0]["reference"] - independent).max() <= TOLERANCE * scale  # one_device_schedule
+    for result in results:
+        assert np.abs(result["first"] - independent).max() <= TOLERANCE * scale  # dualparal, every rank
 
 
 @pytest.mark.timeout(120)
