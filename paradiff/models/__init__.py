@@ -69,8 +69,37 @@ __all__ = [
     "Grid",
     "PlannedDiTFamily",
     "decoder_family_of",
+    "families",
     "family_of",
+    "register_family",
+    "unregister_family",
 ]
+
+#: Families registered from outside paradiff (:func:`register_family`), tried before the built-in ones.
+_REGISTERED: list[DenoiserFamily] = []
+
+
+def register_family(family: DenoiserFamily) -> None:
+    """Describe more denoiser classes: ``family`` (a :class:`DenoiserFamily` instance) is tried before the built-in
+    families, so it may also describe a subclass of a class they cover. Register it on every rank."""
+    if not isinstance(family, DenoiserFamily) or not family.name or not family.class_names:
+        raise ParadiffError("register_family takes a DenoiserFamily instance with a name and class_names")
+    if any(known.name == family.name for known in families()):
+        raise ParadiffError(f"a denoiser family named {family.name!r} exists; give yours another name")
+    _REGISTERED.insert(0, family)
+
+
+def unregister_family(name: str) -> None:
+    """Forget a family :func:`register_family` added (the built-in ones stay)."""
+    kept = [family for family in _REGISTERED if family.name != name]
+    if len(kept) == len(_REGISTERED):
+        raise ParadiffError(f"no registered denoiser family is named {name!r}; built-in families cannot be removed")
+    _REGISTERED[:] = kept
+
+
+def families() -> tuple[DenoiserFamily, ...]:
+    """Every family paradiff knows, in the order they are tried: the registered ones, then the built-in ones."""
+    return (*_REGISTERED, *FAMILIES)
 
 
 def decoder_family_of(model: nn.Module) -> DenoiserFamily | None:
@@ -97,14 +126,14 @@ class AnyDenoiserFamily(DenoiserFamily):
 
 def family_of(model: nn.Module, any_model: bool = False) -> DenoiserFamily:
     """The family of ``model``; with ``any_model``, :class:`AnyDenoiserFamily` for a class paradiff does not know."""
-    for family in FAMILIES:
+    for family in families():
         if family.matches(model):
             return family
     if PlannedDiTFamily.describes(model):
         return PlannedDiTFamily(model)
     if any_model:
         return AnyDenoiserFamily(model)
-    supported = ", ".join(name for family in FAMILIES for name in family.class_names)
+    supported = ", ".join(name for family in families() for name in family.class_names)
     raise ParadiffError(
         f"denoiser class {type(model).__name__} is not supported; supported classes: {supported} "
         "(strategy='parastep' and strategy='cfg' run any denoiser, also together: parastep with cfg_parallel=True)"

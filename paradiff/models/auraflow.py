@@ -23,6 +23,7 @@ from .base import ComponentUnits, PatchTokensFamily, require
 
 
 class AuraFlowFamily(PatchTokensFamily):
+    declares_components = True
     name = "auraflow"
     class_names = ("AuraFlowTransformer2DModel",)
     tokens_enter = "joint_transformer_blocks.0"

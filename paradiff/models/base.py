@@ -107,6 +107,9 @@ class DenoiserFamily:
     #: Submodule whose output is the image token sequence, sliced to the rank's rows; None: the
     #: family slices the denoiser's inputs itself (:meth:`split_inputs`).
     token_module: str | None = None
+    #: Whether :meth:`split_inputs` cuts the denoiser's inputs into the rank's band (what ``patch`` needs of a
+    #: family without a token module or a plan).
+    cuts_inputs: bool = False
     #: Submodule whose token output is gathered before the model reshapes it; None: the denoiser's
     #: own output is gathered along :attr:`output_dim`.
     output_module: str | None = None
@@ -194,6 +197,9 @@ class DenoiserFamily:
 
     #: The blocks a pipeline of stages cuts; None: the family cannot run as one.
     block_stack: BlockStack | None = None
+    #: Whether :meth:`component_units` names units of its own (a U-Net's down, mid and up blocks) rather than
+    #: the block stack's (what ``asyncdiff`` cuts into components).
+    declares_components: bool = False
 
     def block_inputs(self, model: nn.Module, image_tokens: int, text_tokens: int) -> dict:
         """Arguments of one block call with random tokens (batch 1), to time each kind of block."""

@@ -34,6 +34,7 @@ from .base import BlockStack, DenoiserFamily, Grid, random_tokens, require, slic
 
 
 class FluxFamily(DenoiserFamily):
+    cuts_inputs = True
     name = "flux"
     class_names = ("FluxTransformer2DModel",)
     output_dim = 1

@@ -21,6 +21,7 @@ from .base import ComponentUnits, PatchTokensFamily, rotary_input
 
 
 class HunyuanDiTFamily(PatchTokensFamily):
+    declares_components = True
     name = "hunyuandit"
     class_names = ("HunyuanDiT2DModel",)
     tokens_enter = "blocks.0"

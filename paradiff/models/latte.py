@@ -28,6 +28,7 @@ from .base import ComponentUnits, PatchTokensFamily
 
 
 class LatteFamily(PatchTokensFamily):
+    declares_components = True
     name = "latte"
     class_names = ("LatteTransformer3DModel",)
     tokens_enter = "transformer_blocks.0"

@@ -17,6 +17,7 @@ from .base import ComponentUnits, DenoiserFamily
 
 
 class Lumina2Family(DenoiserFamily):
+    declares_components = True
     name = "lumina2"
     class_names = ("Lumina2Transformer2DModel",)
 

@@ -26,6 +26,8 @@ from .base import ComponentUnits, DenoiserFamily, Grid, require, slice_rows
 
 
 class SanaFamily(DenoiserFamily):
+    declares_components = True
+    cuts_inputs = True
     name = "sana"
     class_names = ("SanaTransformer2DModel",)
     output_dim = 2

@@ -13,6 +13,8 @@ from .base import ComponentUnits, DenoiserFamily, Grid, slice_rows
 
 
 class UNetFamily(DenoiserFamily):
+    declares_components = True
+    cuts_inputs = True
     name = "unet"
     class_names = ("UNet2DConditionModel",)
     latent_arg = "sample"

@@ -12,6 +12,7 @@ from .base import DenoiserFamily, Grid, slice_rows
 
 
 class VAEDecoderFamily(DenoiserFamily):
+    cuts_inputs = True
     name = "vae-decoder"
     class_names = ("Decoder",)
     latent_arg = "sample"

@@ -103,7 +103,7 @@ class AsyncDiffStrategy(Strategy):
 
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:
-        return family.block_stack is not None or type(family).component_units is not DenoiserFamily.component_units
+        return family.block_stack is not None or family.declares_components
 
     @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:

@@ -69,8 +69,7 @@ class PatchStrategy(Strategy):
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:
         """Families that say where the image is cut into pieces: by a plan, at a token module, or in the inputs."""
-        cuts_inputs = type(family).split_inputs is not DenoiserFamily.split_inputs
-        return family.described and (family.split_by_plan or family.token_module is not None or cuts_inputs)
+        return family.described and (family.split_by_plan or family.token_module is not None or family.cuts_inputs)
 
     @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:

@@ -6,7 +6,7 @@ Refusals name what does work from here, and docs/strategies.md's support matrix 
 
 from __future__ import annotations
 
-from ..models import FAMILIES, AnyDenoiserFamily, DenoiserFamily, PlannedDiTFamily
+from ..models import FAMILIES, AnyDenoiserFamily, DenoiserFamily, PlannedDiTFamily, families
 from . import BUILTIN_NAMES, listed, strategy_class, strategy_names
 
 #: The row of the matrix for a denoiser class no family describes.
@@ -19,7 +19,7 @@ def supported_classes(strategy: type) -> str:
     """The denoiser classes ``strategy`` runs, as a message names them."""
     if strategy.supports(AnyDenoiserFamily()):
         return ANY_OTHER
-    names = [name for family in FAMILIES if strategy.supports(family) for name in family.class_names]
+    names = [name for family in families() if strategy.supports(family) for name in family.class_names]
     return ", ".join(names + ([ANY_PLANNED] if strategy.supports(PlannedDiTFamily()) else []))
 
 
