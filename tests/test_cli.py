@@ -18,9 +18,9 @@ from video_pipeline import save_tiny_cogvideox
 
 import paradiff
 from paradiff.cli import build_parser, main
-from paradiff.cli_output import format_bytes, format_fidelity, format_speedup, summary_lines
+from paradiff.cli.summary import format_bytes, format_fidelity, format_speedup, summary_lines
+from paradiff.launch.quiet import quiet_output
 from paradiff.loading import load_pipeline
-from paradiff.quiet import quiet_output
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 #: Bad input must be refused before any image is drawn: loading the model on 2 ranks takes seconds, drawing

@@ -122,7 +122,7 @@ def _wait_for_ranks(cli: subprocess.Popen, timeout_s: float = 120) -> tuple[list
     while time.monotonic() < deadline:
         assert cli.poll() is None, cli.communicate()
         tree = [psutil.Process(cli.pid), *psutil.Process(cli.pid).children(recursive=True)]
-        workers = [process for process in tree if "paradiff.launch_worker" in _cmdline(process)]
+        workers = [process for process in tree if "paradiff.launch.worker" in _cmdline(process)]
         listening = [address for process in tree for address in _listening(process)]
         if len(workers) == 2 and all(_listening(worker) for worker in workers):  # gloo listens once joined
             return tree, listening
@@ -156,7 +156,7 @@ def test_a_lost_worker_is_one_line_and_exit_1_and_every_socket_is_on_loopback(tm
         tree, listening = _wait_for_ranks(cli)
         assert listening, "gloo listens while the ranks run"
         assert all(ipaddress.ip_address(address.ip).is_loopback for address in listening), listening
-        rank_1 = next(p for p in tree if "paradiff.launch_worker" in _cmdline(p) and p.environ().get("RANK") == "1")
+        rank_1 = next(p for p in tree if "paradiff.launch.worker" in _cmdline(p) and p.environ().get("RANK") == "1")
         rank_1.send_signal(sent)
         lost = time.monotonic()
         out, err = cli.communicate(timeout=REACT_BOUND_S * 3)

@@ -15,11 +15,10 @@ from cli_ranks import cli_on_ranks
 from PIL import Image
 
 import paradiff
-from paradiff import output_files
 from paradiff.builtin import pipeline_folder
-from paradiff.cli import main
+from paradiff.cli import main, output_files
+from paradiff.cli.output_files import output_paths, write_outputs
 from paradiff.loading import load_pipeline, prompt_kwargs, warn_if_cut
-from paradiff.output_files import output_paths, write_outputs
 
 #: One rank, the built-in U-Net at a small size, 2 steps: a picture costs well under a second.
 CHEAP = ["--model", "paradiff-tiny", "--nproc", "1", "--steps", "2", "--size", "32"]
@@ -136,7 +135,7 @@ def test_a_run_far_beyond_the_models_size_is_measured_before_the_first_step():
     wait for the one-device reference: refused; without the reference, said in a warning."""
     import torch
 
-    from paradiff.cli_generate import GenerateJob, _run_length, plan_generate
+    from paradiff.cli.generate_job import GenerateJob, _run_length, plan_generate
 
     pipe = load_pipeline("paradiff-tiny-dit")
     fields = dict(prompts=("a red circle",), model="paradiff-tiny-dit", strategy="cfg", nproc=2, steps=20)
@@ -166,7 +165,7 @@ def test_size_8192_on_two_cpu_ranks_is_refused_in_seconds_on_every_rank(pool2, t
 
 
 def test_the_warning_of_a_long_run_comes_before_the_picture(tmp_path, capsys, monkeypatch):
-    from paradiff import cli_generate
+    from paradiff.cli import generate_job as cli_generate
 
     monkeypatch.setattr(cli_generate, "LONG_RUN_S", 0.0)
     out = tmp_path / "big.png"

@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, threads_per_rank
+from ..cli.checks import check_numbers, check_world, given_prompts, resolve_nproc, threads_per_rank
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
@@ -105,8 +105,8 @@ class BenchJob:
 def job_from_args(args: argparse.Namespace, threads: int | None = None) -> BenchJob:
     """Validate the ``bench`` options (creating ``--out``) so that bad input fails here, not in a worker.
 
-    The world size is ``cli_checks.resolve_nproc``'s (torchrun's, ``--nproc`` or the machine's default);
-    ``threads`` None: ``cli_checks.threads_per_rank``'s default.
+    The world size is ``paradiff.cli.checks.resolve_nproc``'s (torchrun's, ``--nproc`` or the machine's default);
+    ``threads`` None: ``paradiff.cli.checks.threads_per_rank``'s default.
     """
     check_numbers(args)
     if args.prompts is not None and args.prompts < 1:

@@ -1,4 +1,4 @@
-"""One worker of :func:`paradiff.launch.run_on_ranks` (run as ``python -m paradiff.launch_worker``).
+"""One worker of :func:`paradiff.launch.run_on_ranks` (run as ``python -m paradiff.launch.worker``).
 
 It reads two length-prefixed pickles from stdin (its settings, then the function and its arguments),
 joins the process group through the parent's ``FileStore``, runs the function, waits at a barrier for
@@ -21,7 +21,7 @@ import time
 import traceback
 from datetime import timedelta
 
-from .launch import BEAT_FD_ENV, BEAT_S, RESULT_FD_ENV
+from . import BEAT_FD_ENV, BEAT_S, RESULT_FD_ENV
 
 
 def _read_part(stream) -> bytes:
@@ -104,8 +104,8 @@ def _join_group(settings: dict) -> None:
     import torch
     import torch.distributed as dist
 
-    from .errors import ParadiffError
-    from .runtime.distributed import backend_for, local_device
+    from ..errors import ParadiffError
+    from ..runtime.distributed import backend_for, local_device
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = timedelta(seconds=settings["timeout_s"])
@@ -143,7 +143,7 @@ def main() -> None:
 
         quiet_warnings()
 
-    from .errors import ParadiffError, PeerFailure
+    from ..errors import ParadiffError, PeerFailure
 
     rank = os.environ.get("RANK", "?")
     try:

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import ParadiffWarning
+from ..errors import ParadiffWarning
 
 #: Read at import by the libraries (and by PyTorch's C++ side at startup): set for worker processes, and
 #: here around an in-process run, so that messages printed while the libraries import stay off too.

@@ -12,8 +12,8 @@ import math
 import os
 from pathlib import Path
 
-from .errors import ParadiffError
-from .launch import under_torchrun
+from ..errors import ParadiffError
+from ..launch import under_torchrun
 
 #: The largest seed ``torch.Generator.manual_seed`` takes (it reads the seed as an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -110,8 +110,8 @@ def check_world(strategy: str, nproc: int) -> None:
     """Refuse a world size the strategy cannot run on, as ``parallelize`` would (one rank runs no strategy)."""
     if nproc < 2 or strategy == "auto":
         return
-    from .config import ParallelConfig
-    from .strategies import strategy_class
+    from ..config import ParallelConfig
+    from ..strategies import strategy_class
 
     strategy_class(strategy).degrees(nproc, ParallelConfig(strategy=strategy))
 

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli_output import format_duration
-from .devices import rank_device, torch_dtype
-from .errors import ParadiffError, ParadiffWarning
-from .loading import (
+from ..devices import rank_device, torch_dtype
+from ..errors import ParadiffError, ParadiffWarning
+from ..loading import (
     RANDOM_MODELS,
     TRAINED_MODELS,
     default_height,
@@ -37,6 +36,7 @@ from .loading import (
     warn_if_cut,
 )
 from .output_files import IMAGE_SUFFIXES, VIDEO_SUFFIXES, check_writable, output_kind, output_paths, write_outputs
+from .summary import format_duration
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,8 @@ def check_run_length(pipe, job: GenerateJob, inputs: dict, plan: GeneratePlan, d
 def _run_length(pipe, job: GenerateJob, inputs: dict, plan: GeneratePlan, device, dtype) -> tuple[bool, str] | None:
     """``(refused, message)`` for a run that takes long, None otherwise; up to twice the model's own size on each
     side nothing is estimated (it costs a traced call)."""
-    from .plan.estimate import denoising_seconds_at_least
-    from .plan.workload import PLAN_STEPS
+    from ..plan.estimate import denoising_seconds_at_least
+    from ..plan.workload import PLAN_STEPS
 
     own = default_height(pipe)
     height = job.size or own
@@ -234,7 +234,7 @@ def _run_length(pipe, job: GenerateJob, inputs: dict, plan: GeneratePlan, device
 def loads_by_stage(job: GenerateJob) -> bool:
     """Whether each rank loads only its stage of the blocks: ``pipefusion`` or ``dualparal`` without the one-device
     reference (which needs the whole model) on a model read from files."""
-    from .stages.loading import STAGED
+    from ..stages.loading import STAGED
 
     return job.nproc > 1 and job.strategy in STAGED and not job.baseline and job.model not in RANDOM_MODELS
 
@@ -242,7 +242,7 @@ def loads_by_stage(job: GenerateJob) -> bool:
 def generate_on_rank(job: GenerateJob) -> dict:
     """Load, check, draw the references on rank 0 (the same device and dtype), then the pictures on every rank.
 
-    Rank 0 returns its report (:func:`paradiff.cli_output.summary_lines` reads it): the files written, the
+    Rank 0 returns its report (:func:`paradiff.cli.summary.summary_lines` reads it): the files written, the
     seconds of every call and, after the references, the speedup and PSNR; the communication counters after
     a parallel run; each rank's peak memory. The other ranks return ``{}``.
     """
@@ -251,10 +251,10 @@ def generate_on_rank(job: GenerateJob) -> dict:
 
     import paradiff
 
-    from .memory import PeakMemory
-    from .metrics import psnr
-    from .runtime.distributed import ensure_process_group
-    from .stages.loading import load_stage_pipeline
+    from ..memory import PeakMemory
+    from ..metrics import psnr
+    from ..runtime.distributed import ensure_process_group
+    from ..stages.loading import load_stage_pipeline
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1:

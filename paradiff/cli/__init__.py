@@ -25,14 +25,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-from . import __version__
-from .cli_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
-from .cli_generate import GenerateJob, check_outputs, generate_on_rank
-from .cli_output import generate_json, summary_lines, times_sign
-from .devices import DTYPES
-from .errors import ParadiffError, PeerFailure
-from .launch import RanksFailed, run_on_ranks, under_torchrun
-from .loading import (
+from .. import __version__
+from ..devices import DTYPES
+from ..errors import ParadiffError, PeerFailure
+from ..launch import RanksFailed, run_on_ranks, under_torchrun
+from ..launch.quiet import quiet_output
+from ..loading import (
     ALLOW_PICKLE_FLAG,
     DEFAULT_MODEL,
     DEFAULT_STEPS,
@@ -42,10 +40,12 @@ from .loading import (
     default_size,
     default_strategy,
 )
-from .plan.architectures import architecture_names
-from .plan.hardware import hardware_names
-from .quiet import quiet_output
-from .strategies import strategy_names
+from ..plan.architectures import architecture_names
+from ..plan.hardware import hardware_names
+from ..strategies import strategy_names
+from .checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
+from .generate_job import GenerateJob, check_outputs, generate_on_rank
+from .summary import generate_json, summary_lines, times_sign
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 
@@ -134,11 +134,11 @@ def _require_bench_extra() -> None:
 def bench(args: argparse.Namespace) -> int:
     """One device, then every strategy × warm-up on N ranks, same prompts and seeds; writes a report."""
     _require_bench_extra()
-    from .bench.job import job_from_args
+    from ..bench.job import job_from_args
 
     with quiet_output(args.verbose, libraries=False):
         job = job_from_args(args, threads=args.threads)
-    from .bench.run import bench_on_rank
+    from ..bench.run import bench_on_rank
 
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
         results = run_on_ranks(
@@ -147,7 +147,7 @@ def bench(args: argparse.Namespace) -> int:
     if results is not None:
         import json
 
-        from .bench.report import summary_json, write_report_files
+        from ..bench.report import summary_json, write_report_files
 
         written = write_report_files(job, results)
         print(json.dumps(summary_json(written), indent=2) if args.json else "\n".join(written.lines), flush=True)
@@ -158,8 +158,8 @@ def plan(args: argparse.Namespace) -> int:
     """Predict every strategy on the model (traced, and timed here without --hardware); print a table or JSON."""
     import json
 
-    from .bench.job import comma_list, warmup_setting
-    from .plan.job import PlanJob
+    from ..bench.job import comma_list, warmup_setting
+    from ..plan.job import PlanJob
 
     check_numbers(args)
     nproc = resolve_nproc(args)
@@ -185,16 +185,16 @@ def plan(args: argparse.Namespace) -> int:
     with quiet_output(args.verbose, libraries=False):
         result = _make_plan(job, args.verbose)
     if result is not None:
-        from .plan.report import plan_json, plan_lines
+        from ..plan.report import plan_json, plan_lines
 
         print(json.dumps(plan_json(result), indent=2) if args.json else "\n".join(plan_lines(result)), flush=True)
     return 0
 
 
 def _make_plan(job, verbose: bool):
-    from .plan.architectures import architecture_names
-    from .plan.job import plan_architecture
-    from .plan.on_ranks import plan_on_rank
+    from ..plan.architectures import architecture_names
+    from ..plan.job import plan_architecture
+    from ..plan.on_ranks import plan_on_rank
 
     if job.model in architecture_names():
         return plan_architecture(job)
@@ -462,7 +462,3 @@ def main(argv: list[str] | None = None) -> int:
             log = _write_log(traceback.format_exc())
             _say(f"error: {_one_line(error)} (traceback in {log})", after_bars=True)
             return EXIT_FAILED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

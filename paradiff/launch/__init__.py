@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from .errors import ParadiffError
+from ..errors import ParadiffError
 
 #: The module each worker runs (``python -m``).
-WORKER_MODULE = "paradiff.launch_worker"
+WORKER_MODULE = "paradiff.launch.worker"
 #: The longest one rank waits for another in a collective of the default group.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 #: After the first failure, how long the parent waits for the other ranks' own reports before stopping them
@@ -197,7 +197,7 @@ class _Workers:
             env.setdefault("GLOO_SOCKET_IFNAME", ifname)
             env.setdefault("NCCL_SOCKET_IFNAME", ifname)
         # the workers import this very paradiff, whatever their working folder
-        package_root = str(Path(__file__).resolve().parent.parent)
+        package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         if self.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""

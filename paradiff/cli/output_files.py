@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ParadiffError, ParadiffWarning
+from ..errors import ParadiffError, ParadiffWarning
 
 #: What ``--out`` may end in, per output kind (``.jpeg`` and ``.tif`` spellings included).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")

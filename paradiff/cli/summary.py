@@ -1,6 +1,6 @@
 """What the ``paradiff`` command prints after a run: its summary in words, or one JSON object.
 
-Quiet output (third-party warnings, logs and loading bars off) lives in :mod:`paradiff.quiet`.
+Quiet output (third-party warnings, logs and loading bars off) lives in :mod:`paradiff.launch.quiet`.
 """
 
 from __future__ import annotations
