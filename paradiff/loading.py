@@ -20,6 +20,7 @@ import inspect
 import json
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ParadiffError, ParadiffWarning
@@ -41,6 +42,37 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model or Path(model).exists()
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a ``--model`` comes from, decided once (:func:`model_source`) for every function that loads it."""
+
+    #: ``trained`` (a built-in pipeline shipped with paradiff), ``random`` (random weights, built from configs),
+    #: ``folder`` (a local pipeline folder) or ``hub`` (a Hugging Face hub id).
+    kind: str
+    #: What ``from_pretrained`` loads: the shipped folder, the local folder or the hub id; None for ``random``.
+    location: str | None
+    #: The built-in pipeline (``sd``, ``pixart``, ``video``) a trained or random model is.
+    builtin: str | None = None
+
+
+def model_source(model: str) -> ModelSource:
+    """Where ``model`` comes from, or a :class:`ParadiffError` naming what ``--model`` takes."""
+    if model in RANDOM_MODELS:
+        return ModelSource("random", None, RANDOM_MODELS[model])
+    if model in TRAINED_MODELS:
+        from .builtin import pipeline_folder
+
+        return ModelSource("trained", str(pipeline_folder(TRAINED_MODELS[model])), TRAINED_MODELS[model])
+    if _looks_like_path(model):
+        return ModelSource("folder", str(Path(model).expanduser()))
+    if HUB_ID.fullmatch(model):
+        return ModelSource("hub", model)
+    raise ParadiffError(
+        f"unknown model {model!r}; pass a local pipeline folder, a hub id (owner/name), "
+        f"or one of {', '.join(MODEL_NAMES)}"
+    )
+
+
 def check_model(model: str) -> None:
     """Refuse a ``--model`` that cannot load, before any worker starts; one line that says why.
 
@@ -53,14 +85,13 @@ def check_model(model: str) -> None:
 
 def model_index(model: str) -> dict | None:
     """The ``model_index.json`` of ``model`` (None for the random-weight models), or a :class:`ParadiffError`."""
-    if model in RANDOM_MODELS:
+    source = model_source(model)
+    if source.kind == "random":
         return None
-    if model in TRAINED_MODELS:
-        from .builtin import pipeline_folder
-
-        return _read_index(pipeline_folder(TRAINED_MODELS[model]) / "model_index.json")
-    if _looks_like_path(model):
-        folder = Path(model).expanduser()
+    if source.kind == "trained":
+        return _read_index(Path(source.location) / "model_index.json")
+    if source.kind == "folder":
+        folder = Path(source.location)
         if not folder.is_dir():
             raise ParadiffError(f"no pipeline folder {model}: {'it is a file' if folder.exists() else 'not found'}")
         index = folder / "model_index.json"
@@ -70,12 +101,7 @@ def model_index(model: str) -> dict | None:
                 "pipe.save_pretrained(folder))"
             )
         return _read_index(index)
-    if HUB_ID.fullmatch(model):
-        return _read_index(Path(_hub_model_index(model)))
-    raise ParadiffError(
-        f"unknown model {model!r}; pass a local pipeline folder, a hub id (owner/name), "
-        f"or one of {', '.join(MODEL_NAMES)}"
-    )
+    return _read_index(Path(_hub_model_index(model)))
 
 
 def _read_index(path: Path) -> dict:
@@ -134,15 +160,13 @@ def load_pipeline(model: str, dtype=None, allow_pickle: bool = False):
 
     Weights load from safetensors only unless ``allow_pickle``; code shipped with the model never runs.
     """
-    if model in RANDOM_MODELS:
+    source = model_source(model)
+    if source.kind == "random":
         from .tiny import build_pipeline
 
-        pipe = build_pipeline(RANDOM_MODELS[model], size="bench")
+        pipe = build_pipeline(source.builtin, size="bench")
         return pipe if dtype is None else pipe.to(dtype=dtype)
-    if model in TRAINED_MODELS:
-        from .builtin import pipeline_folder
-
-        model = str(pipeline_folder(TRAINED_MODELS[model]))
+    model = source.location
     from diffusers import DiffusionPipeline
 
     options = {
@@ -303,17 +327,18 @@ def prompt_kwargs(
     default otherwise; ``negative_prompt`` is passed only when given; ``extra`` (``--call``) adds arguments
     the pipeline's call takes.
     """
-    if model in RANDOM_MODELS:
+    source = model_source(model)
+    if source.kind == "random":
         if negative_prompt is not None:
             raise ParadiffError(f"{model} has no text encoder, so it takes no negative prompt")
         from .tiny import prompt_inputs
 
         prompt_seed = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "little")
-        inputs = prompt_inputs(pipe, RANDOM_MODELS[model], seed=prompt_seed)
-    elif model in TRAINED_MODELS:
+        inputs = prompt_inputs(pipe, source.builtin, seed=prompt_seed)
+    elif source.kind == "trained":
         from .builtin import call_kwargs
 
-        inputs = call_kwargs(TRAINED_MODELS[model], prompt)  # guidance 2, PixArt at the asked size, warns of words
+        inputs = call_kwargs(source.builtin, prompt)  # guidance 2, PixArt at the asked size, warns of words
     else:
         inputs = {"prompt": prompt}
     if guidance is not None:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ParadiffError
-from ..loading import TRAINED_MODELS, absent_components, corrupt_weights, load_failure, model_index
+from ..loading import absent_components, corrupt_weights, load_failure, model_index, model_source
 from ..models import family_of
 from ..runtime.distributed import env_world_size, local_device
 from .blocks import stage_blocks
@@ -99,12 +99,9 @@ def _rank() -> int:
 
 def _pipeline_folder(model: str) -> Path:
     model_index(model)  # a model that cannot load fails here, with the loader's own message
-    if model in TRAINED_MODELS:
-        from ..builtin import pipeline_folder
-
-        return pipeline_folder(TRAINED_MODELS[model])
-    if Path(model).expanduser().is_dir():
-        return Path(model).expanduser()
+    source = model_source(model)
+    if source.kind in ("trained", "folder"):
+        return Path(source.location)
     from diffusers import DiffusionPipeline
 
     return Path(DiffusionPipeline.download(model, use_safetensors=True))
