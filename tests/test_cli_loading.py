@@ -190,3 +190,15 @@ def test_a_model_that_cannot_be_found_says_why(monkeypatch, model, message):
 def test_a_folder_without_a_model_index(tmp_path):
     with pytest.raises(ParadiffError, match="holds no model_index.json: not a diffusers pipeline folder"):
         check_model(str(tmp_path))
+
+
+def test_where_a_model_comes_from_is_decided_in_one_place(tmp_path):
+    from paradiff.loading import model_source
+
+    trained = model_source("paradiff-tiny-video")
+    assert (trained.kind, trained.builtin, Path(trained.location).name) == ("trained", "video", "video")
+    assert (model_source("random-pixart").kind, model_source("random-pixart").location) == ("random", None)
+    assert model_source(str(tmp_path)).kind == "folder" and model_source(str(tmp_path)).location == str(tmp_path)
+    assert model_source("owner/name").kind == "hub"
+    with pytest.raises(ParadiffError, match="unknown model 'no such model'"):
+        model_source("no such model")
