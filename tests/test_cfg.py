@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from exactness import assert_exact, latents, relative_error
 from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device
 from video_pipeline import build_tiny_cogvideox
 
@@ -19,11 +20,23 @@ from paradiff.models.base import bind_inputs
 from paradiff.runtime.step_state import StepState
 from paradiff.tiny import build_pipeline, prompt_inputs
 
-TOLERANCE = 1e-4
+
+def decode_one_latent(pipe) -> dict:
+    """The compared calls return latents and decode nothing: decode one through the parallelized VAE instead."""
+    with torch.no_grad():
+        pipe.vae.decode(torch.randn(1, pipe.vae.config.latent_channels, 8, 8, generator=torch.Generator()))
+    return {}
+
+
+def _exact_run(pool, family: str, steps: int, warmup: int, **options) -> list[dict]:
+    """Every rank's latents against one device's, with one decode through the parallelized VAE."""
+    return pool.run(
+        parallel_vs_one_device, family, 64, steps, warmup, output_type="latent", inspect=decode_one_latent, **options
+    )
 
 
 def _check_exact(results, steps, patch: bool):
-    check_exact_and_restored(results, steps, TOLERANCE)
+    check_exact_and_restored(results, steps)
     for result in results:
         stats = result["stats"]
         assert stats["cfg_gathers"] == steps  # one gather of the two halves per denoiser call
@@ -44,15 +57,13 @@ def _check_exact(results, steps, patch: bool):
 )
 def test_cfg_alone_is_exact_at_2_ranks(pool2, family, options):
     steps = 3
-    results = pool2.run(parallel_vs_one_device, family, 64, steps, warmup=0, strategy="cfg", **options)
-    _check_exact(results, steps, patch=False)
+    _check_exact(_exact_run(pool2, family, steps, 0, strategy="cfg", **options), steps, patch=False)
 
 
 @pytest.mark.parametrize("family", ["sd", "pixart"])
 def test_cfg_times_patch_is_exact_at_4_ranks(pool4, family):
     steps = 2
-    results = pool4.run(parallel_vs_one_device, family, 64, steps, warmup=steps, cfg_parallel=True)
-    _check_exact(results, steps, patch=True)
+    _check_exact(_exact_run(pool4, family, steps, steps, cfg_parallel=True), steps, patch=True)
 
 
 def test_cfg_times_patch_displaced_stays_close(pool4):
@@ -79,30 +90,30 @@ def test_cfg_times_patch_displaced_stays_close(pool4):
 def test_two_call_guidance_runs_one_call_per_group_exactly(rank_pool, ranks, options):
     """Flux true CFG makes a 'cond' and an 'uncond' call per step: each CFG group runs one of them."""
     steps = 3
-    results = rank_pool(ranks).run(parallel_vs_one_device, "flux", 64, steps, warmup=steps, true_cfg=True, **options)
+    results = rank_pool(ranks).run(
+        parallel_vs_one_device, "flux", 64, steps, warmup=steps, true_cfg=True, output_type="latent", **options
+    )
+    assert_exact(results)
     for result in results:
-        assert result["max_error"] <= TOLERANCE, result["max_error"]
         assert result["restored_error"] == 0.0 and result["class_restored"] and result["hooks_left"] == 0
         # the first step runs both calls everywhere (it shows that every step makes both); then one gather a step
         assert result["stats"]["cfg_gathers"] == steps - 1
-    for result in results[1:]:
-        np.testing.assert_array_equal(result["image"], results[0]["image"])
 
 
 def cogvideox_vs_one_device(steps: int, **options) -> dict:
-    """A video DiT no family describes (CogVideoX batches CFG in one call), one device vs ``parallelize``."""
+    """A video DiT no family describes (CogVideoX batches CFG in one call), one device vs ``parallelize`` (latents)."""
     pipe = build_tiny_cogvideox()
 
     def video():
-        call = {"num_inference_steps": steps, "num_frames": 5, "height": 32, "width": 32, "output_type": "np"}
-        return pipe("a red circle", generator=torch.Generator().manual_seed(0), **call).frames
+        call = {"num_inference_steps": steps, "num_frames": 5, "height": 32, "width": 32, "output_type": "latent"}
+        return latents(pipe("a red circle", generator=torch.Generator().manual_seed(0), **call))
 
     reference = video()
     pipe = paradiff.parallelize(pipe, **options)
     parallel = video()
     stats = paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
-    return {"max_error": float(np.abs(parallel - reference).max()), "video": parallel, "stats": stats}
+    return {"error": relative_error(parallel, reference), "output": parallel, "stats": stats}
 
 
 @pytest.mark.parametrize(
@@ -113,10 +124,9 @@ def cogvideox_vs_one_device(steps: int, **options) -> dict:
 def test_the_cfg_split_runs_a_denoiser_no_family_describes(rank_pool, ranks, options):
     steps = 3
     results = rank_pool(ranks).run(cogvideox_vs_one_device, steps, **options)
+    assert_exact(results)
     for result in results:
-        assert result["max_error"] <= TOLERANCE
         assert result["stats"]["cfg_gathers"] == steps  # the halves really ran apart
-        np.testing.assert_array_equal(result["video"], results[0]["video"])
 
 
 def odd_batch_error(case: str) -> dict:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from displaced_reference import asyncdiff_reference, patch_reference, pipefusion_reference
+from exactness import TOLERANCE, latents
 from family_pipelines_image import IMAGE_FAMILIES, build_image_pipeline
 from family_pipelines_video import VIDEO_FAMILIES, build_video_pipeline
 
@@ -28,7 +29,6 @@ from paradiff.models import family_of, find_denoiser
 from paradiff.strategies import strategy_class
 from paradiff.strategies.cfg import cfg_free_reason
 
-TOLERANCE = 1e-5
 STEPS = 3
 #: Strategies tried on every family: all but ``ring``, which needs an attention backend CUDA alone has.
 STRATEGIES = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses")
@@ -36,11 +36,6 @@ STRATEGIES = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses")
 
 def build(name: str):
     return build_image_pipeline(name) if name in IMAGE_FAMILIES else build_video_pipeline(name)
-
-
-def latents(result) -> np.ndarray:
-    output = result.frames if hasattr(result, "frames") else result.images
-    return np.asarray(output, dtype=np.float32)
 
 
 def applicable(pipe, strategy: str) -> bool:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from diffusers.hooks import HookRegistry
 from diffusers.models.attention_processor import AttnProcessor
+from exactness import assert_exact, relative_error
 from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device, refused_before_any_collective
 
 import paradiff
@@ -20,11 +20,9 @@ from paradiff.models import Grid, family_of
 from paradiff.strategies import strategy_class, strategy_names
 from paradiff.tiny import build_pipeline, prompt_inputs
 
-TOLERANCE = 1e-4
-
 
 def _check_exact(results, steps: int, cfg_gathers: int = 0):
-    check_exact_and_restored(results, steps, TOLERANCE)
+    check_exact_and_restored(results, steps)
     for result in results:
         assert result["stats"]["sync_layer_exchanges"] > 0
         assert result["stats"]["cfg_gathers"] == cfg_gathers
@@ -33,13 +31,13 @@ def _check_exact(results, steps: int, cfg_gathers: int = 0):
 @pytest.mark.parametrize("family", ["pixart", "flux", "sd3"])
 def test_ulysses_is_exact_at_2_ranks(pool2, family):
     steps = 2
-    results = pool2.run(parallel_vs_one_device, family, 64, steps, warmup=0, strategy="ulysses")
+    results = pool2.run(parallel_vs_one_device, family, 64, steps, warmup=0, strategy="ulysses", output_type="latent")
     _check_exact(results, steps)
 
 
 def test_ulysses_counts_the_bytes_it_moves(pool2):
     """PixArt at 64 px with CFG: 2 × 16 tokens of width 32 in fp32, 2 self-attention layers, 2 ranks."""
-    stats = pool2.run(parallel_vs_one_device, "pixart", 64, 1, warmup=0, strategy="ulysses")[0]["stats"]
+    stats = pool2.run(parallel_vs_one_device, "pixart", 64, 1, 0, strategy="ulysses", output_type="latent")[0]["stats"]
     local = 2 * 8 * 32 * 4  # batch × local tokens × width × fp32 bytes: one of Q, K, V, output
     attention = 2 * 4 * local // 2  # per layer, each rank keeps 1/2 of the 4 tensors it all-to-alls
     output = 2 * 8 * 8 * 8 * 4 // 2  # the (2, 8, 8, 8) noise prediction, each rank sends its half
@@ -48,7 +46,9 @@ def test_ulysses_counts_the_bytes_it_moves(pool2):
 
 def test_ulysses_within_cfg_halves_is_exact_at_4_ranks(pool4):
     steps = 2
-    results = pool4.run(parallel_vs_one_device, "pixart", 64, steps, warmup=0, strategy="ulysses", cfg_parallel=True)
+    results = pool4.run(
+        parallel_vs_one_device, "pixart", 64, steps, 0, strategy="ulysses", cfg_parallel=True, output_type="latent"
+    )
     _check_exact(results, steps, cfg_gathers=steps)
 
 
@@ -57,16 +57,17 @@ def reparallelize(family: str) -> dict:
     pipe = build_pipeline(family)
     model = pipe.transformer
     inputs = prompt_inputs(pipe, family)
-    reference = generate(pipe, inputs, 64, 2)
+    reference = generate(pipe, inputs, 64, 2, output_type="latent")
     processors = dict(model.attn_processors)
-    errors = []
+    runs = []
     for _ in range(2):
         pipe = paradiff.parallelize(pipe, strategy="ulysses")
         replaced = sum(model.attn_processors[name] is not p for name, p in processors.items())
-        errors.append(float(np.abs(generate(pipe, inputs, 64, 2) - reference).max()))
+        output = generate(pipe, inputs, 64, 2, output_type="latent")
+        runs.append({"error": relative_error(output, reference), "output": output})
         paradiff.unparallelize(pipe)
     return {
-        "errors": errors,
+        "runs": runs,
         "replaced": replaced,
         "processors_restored": all(model.attn_processors[name] is p for name, p in processors.items()),
         "configs_left": sum(getattr(p, "_parallel_config", None) is not None for p in model.attn_processors.values()),
@@ -79,8 +80,10 @@ def reparallelize(family: str) -> dict:
 def test_unparallelize_restores_the_model(pool2, family):
     """No processor is replaced (PixArt's stock ones have their attention call dispatched by a hook); Flux's stock
     processors lose the config."""
-    for result in pool2.run(reparallelize, family):
-        assert max(result["errors"]) <= TOLERANCE
+    results = pool2.run(reparallelize, family)
+    for cycle in range(2):  # exact again after unparallelize and parallelize
+        assert_exact([result["runs"][cycle] for result in results], cycle)
+    for result in results:
         assert result["replaced"] == 0
         assert result["processors_restored"] and result["configs_left"] == 0
         assert result["model_config"] is None and result["instance_attributes"] == []
