@@ -18,10 +18,11 @@ from paradiff.bench import fidelity as fidelity_module
 from paradiff.bench import report
 from paradiff.bench.fidelity import fidelity, lpips_unavailable_reason
 from paradiff.bench.figures import GAP, comparison_grid, difference_heatmap, speedup_psnr_plot
-from paradiff.bench.job import ONE_DEVICE, BenchJob, RunSpec, job_from_args
+from paradiff.bench.job import ONE_DEVICE, BenchJob, RunSpec
 from paradiff.bench.prompts import SCENES, bench_prompts
 from paradiff.bench.report import _json_safe, metrics_line, summary_json, write_report_files
 from paradiff.bench.run import BenchResults, RunResult, bench_on_rank
+from paradiff.cli.bench_options import job_from_args
 
 MODEL = "paradiff-tiny"
 #: The built-in U-Net's own size, which bench uses without --size: on 2 ranks, bands of 8 of its 16 latent rows.

@@ -134,7 +134,7 @@ def _require_bench_extra() -> None:
 def bench(args: argparse.Namespace) -> int:
     """One device, then every strategy × warm-up on N ranks, same prompts and seeds; writes a report."""
     _require_bench_extra()
-    from ..bench.job import job_from_args
+    from .bench_options import job_from_args
 
     with quiet_output(args.verbose, libraries=False):
         job = job_from_args(args, threads=args.threads)
@@ -158,8 +158,8 @@ def plan(args: argparse.Namespace) -> int:
     """Predict every strategy on the model (traced, and timed here without --hardware); print a table or JSON."""
     import json
 
-    from ..bench.job import comma_list, warmup_setting
     from ..plan.job import PlanJob
+    from .bench_options import comma_list, warmup_setting
 
     check_numbers(args)
     nproc = resolve_nproc(args)
