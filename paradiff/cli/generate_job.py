@@ -166,10 +166,10 @@ def check_outputs(job: GenerateJob) -> None:
     """What the parent checks of the outputs before any worker starts: the files they go to (refused if they
     exist or cannot be written) and, for the built-in models, whose kind it knows, ``--frames`` and ``--out``'s
     kind. A model read from a folder or the hub is checked again, as what it makes, once loaded."""
+    video = video_model(job.model)
     if job.model in TRAINED_MODELS:
-        video = video_model(job.model)
         check_picture_kind(f"{job.model} ({model_index(job.model)['_class_name']})", video, video, job.out, job.frames)
-    kind = output_kind(job.out) or ("video" if video_model(job.model) else "image")
+    kind = output_kind(job.out) or ("video" if video else "image")
     call = dict(job.call)
     per_prompt = _picture_count(next((call[name] for name in PER_PROMPT_ARGUMENTS if name in call), 1))
     check_writable(output_paths(job.out, kind, len(job.prompts) * per_prompt), job.overwrite)
