@@ -1,7 +1,8 @@
 """Denoiser families are declared capabilities, and a family registered from outside paradiff is used.
 
-A strategy's ``supports`` reads what a family declares (``cuts_inputs``, ``declares_components``,
-``block_stack``, ...); the support matrix and refusals follow. ``register_family`` adds a family that is
+A family's capabilities follow from what it declares (``cuts_inputs``, ``declares_components``,
+``block_stack``, ...), a strategy names the capabilities it needs, and ``supports``, the support matrix and
+refusals follow from the two. ``register_family`` adds a family that is
 tried before the built-in ones, so it may describe a subclass of a class they cover.
 """
 
@@ -14,10 +15,12 @@ from diffusers import PixArtTransformer2DModel
 
 import paradiff
 from paradiff.errors import ParadiffError
-from paradiff.models import FAMILIES, family_of, register_family, unregister_family
+from paradiff.models import FAMILIES, AnyDenoiserFamily, Capability, family_of, register_family, unregister_family
 from paradiff.models.base import DenoiserFamily
 from paradiff.models.dit import PixArtFamily
-from paradiff.strategies.support import strategies_for
+from paradiff.strategies import BUILTIN_NAMES, strategy_class
+from paradiff.strategies.base import Strategy
+from paradiff.strategies.support import strategies_for, supported_classes
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 
@@ -26,6 +29,23 @@ def test_the_built_in_families_declare_what_they_implement():
         kind = type(family)
         assert family.cuts_inputs == (kind.split_inputs is not DenoiserFamily.split_inputs), family.name
         assert family.declares_components == (kind.component_units is not DenoiserFamily.component_units), family.name
+
+
+def test_a_strategy_runs_the_families_that_offer_a_capability_it_needs():
+    for name in BUILTIN_NAMES:
+        strategy = strategy_class(name)
+        for family in (*FAMILIES, AnyDenoiserFamily()):
+            offered = not family.capabilities.isdisjoint(strategy.needs) or (family.described and not strategy.needs)
+            assert strategy.supports(family) == (strategy.model_agnostic or offered), (name, family.name)
+    pixart = next(family for family in FAMILIES if family.name == "pixart")
+    assert {Capability.ROW_BANDS, Capability.BLOCK_CHAIN, Capability.COMPONENTS} <= pixart.capabilities
+    assert AnyDenoiserFamily().capabilities == frozenset()
+
+    class ChainOnly(Strategy):
+        name = "chain-only"
+        needs = (Capability.BLOCK_CHAIN,)
+
+    assert supported_classes(ChainOnly) == supported_classes(strategy_class("pipefusion"))
 
 
 class MyDiT(PixArtTransformer2DModel):
@@ -55,7 +75,9 @@ def test_a_registered_family_describes_its_class_and_its_declarations_decide_the
         assert isinstance(family, MyDiTFamily), "registered families are tried first"
         assert "'patch'" in strategies_for(family) and "'pipefusion'" not in strategies_for(family)
         paradiff.check_parallelize(pipe, "patch", world_size=2, height=64)
-        with pytest.raises(ParadiffError, match="strategy='pipefusion' does not support MyDiT"):
+        assert Capability.BLOCK_CHAIN not in family.capabilities
+        refusal = r"pipefusion' does not support MyDiT: it needs .* \(block_stack\), which the my-dit family does not"
+        with pytest.raises(ParadiffError, match=refusal):
             paradiff.check_parallelize(pipe, "pipefusion", world_size=2, height=64)
         with pytest.raises(ParadiffError, match="a denoiser family named 'my-dit' exists"):
             register_family(MyDiTFamily())

@@ -172,7 +172,8 @@ def test_sizes_that_do_not_split_fail_clearly(pool2, family, size, text_tokens, 
             "sd",
             2,
             {"strategy": "ulysses"},
-            r"strategy='ulysses' does not support UNet2DConditionModel; supported: PixArtTransformer2DModel, "
+            r"strategy='ulysses' does not support UNet2DConditionModel: it needs diffusers' context parallelism "
+            r"\(context_parallel\), which the unet family does not declare; supported: PixArtTransformer2DModel, "
             r"SD3Transformer2DModel, FluxTransformer2DModel, .*WanTransformer3DModel, .*any other transformer with "
             r"diffusers' `_cp_plan` \(strategy='patch', 'parastep', 'asyncdiff' or 'cfg' run UNet2DConditionModel\)",
         ),

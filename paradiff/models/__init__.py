@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import ParadiffError
 from .allegro import AllegroFamily
 from .auraflow import AuraFlowFamily
-from .base import DenoiserFamily, Grid
+from .base import Capability, DenoiserFamily, Grid
 from .chroma import ChromaFamily
 from .cogvideox import CogVideoXFamily
 from .cogview4 import CogView4Family
@@ -65,6 +65,7 @@ __all__ = [
     "DECODER_FAMILIES",
     "FAMILIES",
     "AnyDenoiserFamily",
+    "Capability",
     "DenoiserFamily",
     "Grid",
     "PlannedDiTFamily",

@@ -7,6 +7,7 @@ only this interface, never a class name.
 
 from __future__ import annotations
 
+import enum
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -82,6 +83,19 @@ class Grid:
 
     rows: int
     cols: int
+
+
+class Capability(enum.Enum):
+    """What a family offers the strategies, each derived from what the family declares (its value says which
+    declaration). A strategy names the ones it can work with (``Strategy.needs``); whether it runs a family, the
+    support matrix and the refusals all follow from the two."""
+
+    ROW_BANDS = "where its image's rows are cut into bands (token_module or cuts_inputs)"
+    TOKEN_PLAN = "a plan that cuts its token sequences (split_by_plan)"
+    BLOCK_CHAIN = "its transformer blocks as one chain (block_stack)"
+    COMPONENTS = "a chain of units to cut into components (block_stack or declares_components)"
+    CONTEXT_PARALLEL = "diffusers' context parallelism (context_parallel)"
+    FRAME_BLOCKS = "one noise level per frame, run a block of frames at a time (frame_blocks)"
 
 
 class DenoiserFamily:
@@ -212,6 +226,27 @@ class DenoiserFamily:
             return None
         units = tuple((f"{name}.{i}", block) for name in stack.lists for i, block in enumerate(getattr(model, name)))
         return ComponentUnits(units, {}, stack.unsupported_args)
+
+    # Blocks of frames at their own noise levels (strategy "dualparal").
+
+    #: How to run one block of frames at a time (``paradiff.models.skyreels_v2.FrameBlocks``) for a video DiT that
+    #: takes one noise level per frame (diffusion forcing); None: the family cannot.
+    frame_blocks = None
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this family's declarations let strategies do (nothing for the stand-in of an undescribed class)."""
+        if not self.described:
+            return frozenset()
+        declared = {
+            Capability.ROW_BANDS: self.token_module is not None or self.cuts_inputs,
+            Capability.TOKEN_PLAN: self.split_by_plan,
+            Capability.BLOCK_CHAIN: self.block_stack is not None,
+            Capability.COMPONENTS: self.block_stack is not None or self.declares_components,
+            Capability.CONTEXT_PARALLEL: self.context_parallel,
+            Capability.FRAME_BLOCKS: self.frame_blocks is not None,
+        }
+        return frozenset(capability for capability, offered in declared.items() if offered)
 
     def displaced_processor(self, attn: nn.Module, kv_factory):
         """A processor that completes K/V itself (rotary models); None: hook ``to_k``/``to_v`` instead."""

@@ -25,7 +25,6 @@ import torch
 from ..models import family_of, find_denoiser
 from ..models.base import bind_inputs
 from ..stages.blocks import stage_blocks
-from ..stages.frame_block_hooks import frame_blocks_of
 from ..strategies.dualparal import block_schedules
 from .workload import Capture, Workload, denoiser_skipped, meta_model, on_meta, trace
 
@@ -101,7 +100,7 @@ def block_loop(
     timestep = inputs[family.timestep_arg]
     if torch.is_tensor(timestep) and timestep.ndim > 1:  # one level per frame
         inputs[family.timestep_arg] = timestep[:, :traced]
-    stack = stage_blocks(model, frame_blocks_of(family).stack)
+    stack = stage_blocks(model, family.frame_blocks.stack)
     workload = trace(model, (), on_meta(inputs, dtype), 1, captured.calls_per_step, units=stack)
     measured = ((frames, window_call.flops), (traced, workload.flops))
     in_flight, finished, position, scale = [], [], [], []

@@ -16,7 +16,6 @@ from ..loading import default_height, default_size, frames_parameter, load_pipel
 from ..models import decoder_family_of, family_of, find_denoiser
 from ..models.base import bind_inputs
 from ..runtime.distributed import ensure_process_group
-from ..stages.frame_block_hooks import frame_blocks_of
 from ..strategies import strategy_class
 from ..strategies.dualparal import makes_block_schedules
 from .calibrate import calibrate, fastest
@@ -88,7 +87,7 @@ def plan_pipeline(pipe, call: Callable, size: int, job: PlanJob, device) -> Plan
     dtype = next(denoiser.parameters()).dtype
     workload, full = pipeline_workload(pipe, lambda: call(size, PLAN_STEPS, "latent"), dtype)
     family = family_of(denoiser, any_model=True)
-    forcing = frame_blocks_of(family) is not None and makes_block_schedules(pipe)
+    forcing = family.frame_blocks is not None and makes_block_schedules(pipe)
     blocks = block_loop(pipe, lambda: call(size, job.steps, "latent"), dtype, (workload, full)) if forcing else None
     start = time.perf_counter()
     part_size = part_height(pipe, size, max(job.nproc, 2))

@@ -31,17 +31,12 @@ from diffusers.hooks import ModelHook
 from ..compat import CallContextHook
 from ..layers.sdpa import SDPAHook
 from ..layers.split import output_sample, replace_output_sample
-from ..models.base import BlockStack, DenoiserFamily, bind_inputs
+from ..models.base import BlockStack, bind_inputs
 from .blocks import block_output
 from .link import StageLink
 
 #: One layer's kept keys and values: ``(keys, values)``, each ``(batch, heads, tokens, head_dim)``.
 TailKV = tuple[torch.Tensor, torch.Tensor]
-
-
-def frame_blocks_of(family: DenoiserFamily):
-    """The family's description for running one block of frames at a time, or None."""
-    return getattr(family, "frame_blocks", None)
 
 
 @dataclass

@@ -28,7 +28,6 @@ from ..models import family_of
 from ..runtime.distributed import env_world_size, local_device
 from .blocks import stage_blocks
 from .cut import cut_by_bytes
-from .frame_block_hooks import frame_blocks_of
 
 #: Where the record of a stage-loaded denoiser lives on the module.
 LOADED_STAGE_ATTRIBUTE = "_paradiff_loaded_stage"
@@ -235,7 +234,7 @@ def _stack(family, strategy: str):
     if strategy == "pipefusion":
         return family.block_stack
 
-    blocks = frame_blocks_of(family)
+    blocks = family.frame_blocks
     return None if blocks is None else blocks.stack
 
 

@@ -21,13 +21,12 @@ from torch import nn
 
 from ..errors import ParadiffError
 from ..layers.components import ComponentCall, ComponentCallHook, UnitHook
-from ..models import DenoiserFamily
+from ..models import Capability, DenoiserFamily
 from ..runtime.comm import Communicator
 from ..stages.cut import balanced_cut, mean_over_ranks
 from .base import Strategy, StrategyOptions, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums, crossing_bytes, cut_ends
 from .installation import Installation
-from .support import strategies_for, supported_classes
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,7 @@ def components_for(degree: int, stride: int) -> int:
 class AsyncDiffStrategy(Strategy):
     name = "asyncdiff"
     Options = AsyncDiffOptions
+    needs = (Capability.COMPONENTS,)
     world = "world = its components, + 1 with asyncdiff_stride=2"
 
     #: A plan also predicts stride 2, on 3 ranks or more.
@@ -102,19 +102,12 @@ class AsyncDiffStrategy(Strategy):
         return StepCost(whole, m.displaced(compute, transfer) / stride, per_step, per_step, m.weights)
 
     @classmethod
-    def supports(cls, family: DenoiserFamily) -> bool:
-        return family.block_stack is not None or family.declares_components
-
-    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model, world or cut that cannot form the components."""
         name, stride = type(denoiser).__name__, config.options.asyncdiff_stride
-        units = family.component_units(denoiser)
+        units = family.component_units(denoiser) if cls.supports(family) else None
         if units is None:
-            raise ParadiffError(
-                f"strategy='asyncdiff' does not support {name}: it cuts a denoiser's chain of blocks into components; "
-                f"supported: {supported_classes(cls)} ({strategies_for(family)} run {name})"
-            )
+            raise ParadiffError(cls.refusal(denoiser, family))
         components, count = components_for(degree, stride), len(units.units)
         per_half = " per CFG half" if config.cfg_parallel else ""
         if components < 2:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..config import ParallelConfig
-    from ..models import DenoiserFamily
+    from ..models import Capability, DenoiserFamily
     from ..runtime.comm import Communicator
     from ..runtime.mesh import MeshGroups
     from .costing import CostMachine, CostSetting, PassCost, StepCost
@@ -70,6 +70,11 @@ class Strategy:
     uses_warmup: ClassVar[bool] = True
     #: Needs no knowledge of the denoiser's layers, so it runs any denoiser (the CFG split needs none either).
     model_agnostic: ClassVar[bool] = False
+    #: The family capabilities (:class:`~paradiff.models.Capability`) it can work with, any one of them; empty:
+    #: any described family. :meth:`supports`, the support matrix and the refusals derive from it.
+    needs: ClassVar[tuple[Capability, ...]] = ()
+    #: What a refusal adds after what the strategy needs: where to find a model that has it.
+    refusal_hint: ClassVar[str] = ""
     #: The CFG split alone (``cfg``): sets ``cfg_parallel`` and runs no strategy within the halves.
     cfg_split_alone: ClassVar[bool] = False
     #: How many ranks it runs on, as messages about supported combinations say it.
@@ -102,9 +107,25 @@ class Strategy:
 
     @classmethod
     def supports(cls, family: DenoiserFamily) -> bool:
-        """Whether the strategy runs denoisers of ``family`` (any described family by default; every denoiser if
-        ``model_agnostic``, including ``AnyDenoiserFamily``, the family of a class nobody described)."""
-        return cls.model_agnostic or family.described
+        """Whether the strategy runs denoisers of ``family``: every denoiser if ``model_agnostic`` (including
+        ``AnyDenoiserFamily``, the family of a class nobody described), else a described family that offers one of
+        the capabilities it :attr:`needs`."""
+        if cls.model_agnostic:
+            return True
+        return family.described and (not cls.needs or not family.capabilities.isdisjoint(cls.needs))
+
+    @classmethod
+    def refusal(cls, denoiser: nn.Module, family: DenoiserFamily) -> str:
+        """Why it does not run ``denoiser``, what it needs, which classes it runs and which strategies run this one."""
+        from .support import strategies_for, supported_classes
+
+        name = type(denoiser).__name__
+        needs = " or ".join(capability.value for capability in cls.needs) or "a description of the model's layers"
+        lacks = f"the {family.name} family does not declare" if family.described else "no paradiff family describes"
+        return (
+            f"strategy='{cls.name}' does not support {name}: it needs {needs}, which {lacks}{cls.refusal_hint}; "
+            f"supported: {supported_classes(cls)} ({strategies_for(family)} run {name})"
+        )
 
     @classmethod
     def check_world(cls, degree: int, config: ParallelConfig) -> None:
@@ -113,15 +134,9 @@ class Strategy:
     @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config: ParallelConfig) -> None:
         """Refuse a model this strategy cannot run over ``degree`` ranks (by default: one of a family it does not
-        support, naming those it does and the strategies that run this one)."""
+        support, saying what it needs, naming the classes it runs and the strategies that run this one)."""
         if not cls.supports(family):
-            from .support import strategies_for, supported_classes
-
-            name = type(denoiser).__name__
-            raise ParadiffError(
-                f"strategy='{cls.name}' does not support {name}; supported: {supported_classes(cls)} "
-                f"({strategies_for(family)} run {name})"
-            )
+            raise ParadiffError(cls.refusal(denoiser, family))
 
     @classmethod
     def check_machine(cls, denoiser: nn.Module) -> None:

@@ -57,7 +57,7 @@ from torch import nn
 from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..layers.sdpa import SDPAHook
-from ..models import DenoiserFamily, family_of
+from ..models import Capability, DenoiserFamily, family_of
 from ..models.base import bind_inputs
 from ..runtime.comm import Communicator
 from ..stages.blocks import PassThroughHook, stage_blocks
@@ -70,7 +70,6 @@ from ..stages.frame_block_hooks import (
     TailKV,
     TailKVHook,
     WindowHook,
-    frame_blocks_of,
 )
 from ..stages.link import StageLink
 from ..stages.loading import loaded_cut
@@ -79,7 +78,6 @@ from .base import Strategy, StrategyOptions, is_count
 from .costing import CostMachine, CostSetting, PassCost
 from .installation import Installation
 from .pipefusion import PipeFusionInstallation
-from .support import strategies_for, supported_classes
 
 #: What to use instead, named by refusals of pipelines without per-frame noise levels.
 DIFFUSION_FORCING = (
@@ -114,6 +112,8 @@ class DualParalOptions(StrategyOptions):
 class DualParalStrategy(Strategy):
     name = "dualparal"
     Options = DualParalOptions
+    needs = (Capability.FRAME_BLOCKS,)
+    refusal_hint = f"; use {DIFFUSION_FORCING}"
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> PassCost:
@@ -153,20 +153,11 @@ class DualParalStrategy(Strategy):
         return None if block_loop else "the call schedules no frame blocks (--call causal_block_size=N with N > 1)"
 
     @classmethod
-    def supports(cls, family: DenoiserFamily) -> bool:
-        return frame_blocks_of(family) is not None
-
-    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model without per-frame noise levels or with fewer blocks than stages."""
+        super().check_model(denoiser, family, degree, config)
         name = type(denoiser).__name__
-        if not cls.supports(family):
-            raise ParadiffError(
-                f"strategy='dualparal' needs a video DiT that takes one noise level per frame (diffusion forcing), "
-                f"which {name} does not; use {DIFFUSION_FORCING} (supported: {supported_classes(cls)}), or "
-                f"{strategies_for(family)} for {name}"
-            )
-        blocks = frame_blocks_of(family)
+        blocks = family.frame_blocks
         count = len(stage_blocks(denoiser, blocks.stack))
         if count < degree:
             raise ParadiffError(
@@ -185,7 +176,7 @@ class DualParalStrategy(Strategy):
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
     ) -> DualParalInstallation:
         """Keep this rank's stage of the blocks, free the others', hook the denoiser to run frame blocks through it."""
-        description = frame_blocks_of(family)
+        description = family.frame_blocks
         stack = description.stack
         named = stage_blocks(denoiser, stack)
         blocks = [block for _, block in named]
@@ -319,7 +310,7 @@ class FrameSchedule:
     def plan(self, model: nn.Module, inputs: dict, context: str | None):
         """``(passes, frames per block, predicted frames (first, stop), stage link)`` of this call."""
         family = self.family
-        forcing = frame_blocks_of(family).forcing_arg
+        forcing = family.frame_blocks.forcing_arg
         if self.levels is None or not inputs.get(forcing):
             raise ParadiffError(
                 f"strategy='dualparal' runs the denoiser inside a diffusion-forcing pipeline's call, with one noise "
@@ -427,7 +418,7 @@ def one_device_schedule(pipe, dualparal_context: int | None = None):
     """
     model = pipe.transformer
     family = family_of(model)
-    blocks = frame_blocks_of(family)
+    blocks = family.frame_blocks
     if blocks is None:
         raise ParadiffError(f"one_device_schedule runs {DIFFUSION_FORCING}, not {type(model).__name__}")
     installed = Installation(model, "dualparal-reference")

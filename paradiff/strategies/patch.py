@@ -19,7 +19,7 @@ from ..layers.halo_conv import HaloConv2dHook, check_halo_conv, needs_halo
 from ..layers.sdpa_kv import JointText, SDPACompletionHook
 from ..layers.split import BandSplitHook, TokenGatherHook, TokenSliceHook, band_rows_error
 from ..layers.token_plan import plan_hooks
-from ..models import DenoiserFamily, family_of
+from ..models import Capability, DenoiserFamily, family_of
 from ..runtime.comm import BUCKET_LIMIT_BYTES, Communicator
 from .base import Strategy, StrategyOptions, is_count
 from .costing import CostMachine, CostSetting, StepCost
@@ -53,6 +53,7 @@ class PatchOptions(StrategyOptions):
 class PatchStrategy(Strategy):
     name = "patch"
     Options = PatchOptions
+    needs = (Capability.TOKEN_PLAN, Capability.ROW_BANDS)
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
@@ -65,11 +66,6 @@ class PatchStrategy(Strategy):
         transfer = m.transfer(nbytes, m.calls * (w.attention_layers + w.convolutions + w.group_norms + 1))
         memory = m.weights + w.kv_bytes / groups
         return StepCost(compute + transfer, m.displaced(compute, transfer), nbytes, nbytes, memory)
-
-    @classmethod
-    def supports(cls, family: DenoiserFamily) -> bool:
-        """Families that say where the image is cut into pieces: by a plan, at a token module, or in the inputs."""
-        return family.described and (family.split_by_plan or family.token_module is not None or family.cuts_inputs)
 
     @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:

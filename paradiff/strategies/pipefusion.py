@@ -32,7 +32,7 @@ from torch import nn
 from ..errors import ParadiffError
 from ..layers.attention import plan_kv_completion
 from ..layers.sdpa_kv import SDPACompletionHook
-from ..models import DenoiserFamily, family_of
+from ..models import Capability, DenoiserFamily, family_of
 from ..runtime.comm import Communicator
 from ..stages.blocks import (
     PassThroughHook,
@@ -51,7 +51,6 @@ from ..stages.release import params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums
 from .installation import Installation
-from .support import strategies_for, supported_classes
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,7 @@ class PipeFusionOptions(StrategyOptions):
 class PipeFusionStrategy(Strategy):
     name = "pipefusion"
     Options = PipeFusionOptions
+    needs = (Capability.BLOCK_CHAIN,)
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
@@ -119,18 +119,10 @@ class PipeFusionStrategy(Strategy):
             )
 
     @classmethod
-    def supports(cls, family: DenoiserFamily) -> bool:
-        return family.block_stack is not None
-
-    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model whose blocks cannot form ``degree`` stages."""
+        super().check_model(denoiser, family, degree, config)
         name = type(denoiser).__name__
-        if not cls.supports(family):
-            raise ParadiffError(
-                f"strategy='pipefusion' does not support {name}: it cuts a transformer's sequence of blocks into "
-                f"stages; supported: {supported_classes(cls)} ({strategies_for(family)} run {name})"
-            )
         count = len(stage_blocks(denoiser, family.block_stack))
         if count < degree:
             raise ParadiffError(

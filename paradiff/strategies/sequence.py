@@ -62,14 +62,14 @@ from ..compat import (
 from ..errors import ParadiffError
 from ..layers.sdpa_dispatch import DispatchedSDPAHook
 from ..layers.sequence import AttentionTrafficHook, SequenceCheckHook
-from ..models import DenoiserFamily
+from ..models import Capability, DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.distributed import local_device
 from ..runtime.mesh import context_parallel_mesh
 from .base import Strategy
 from .costing import CostMachine, CostSetting, StepCost
 from .installation import Installation
-from .support import strategies_for, supported_classes
+from .support import strategies_for
 
 
 class SequenceStrategy(Strategy):
@@ -78,6 +78,7 @@ class SequenceStrategy(Strategy):
     #: The ``ContextParallelConfig`` dimension the D ranks form: "ulysses" or "ring".
     sequence_dim = ""
     uses_warmup = False
+    needs = (Capability.CONTEXT_PARALLEL,)
 
     #: Whether the keys and values travel around a ring (``ring``) rather than in all-to-alls (``ulysses``).
     ring_exchange: ClassVar[bool] = False
@@ -97,18 +98,10 @@ class SequenceStrategy(Strategy):
         return StepCost(step, step, nbytes, nbytes, m.weights)
 
     @classmethod
-    def supports(cls, family: DenoiserFamily) -> bool:
-        return family.context_parallel
-
-    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         """Refuse, before any collective, a model this strategy cannot run over ``degree`` ranks."""
+        super().check_model(denoiser, family, degree, config)
         name = type(denoiser).__name__
-        if not cls.supports(family):
-            raise ParadiffError(
-                f"strategy='{cls.name}' does not support {name}; supported: {supported_classes(cls)} "
-                f"({strategies_for(family)} run {name})"
-            )
         if parallel_config_of(denoiser) is not None:
             raise ParadiffError(f"this {name} already runs diffusers' own parallelism (enable_parallelism)")
         if family.context_parallel_plan(denoiser) is None:
