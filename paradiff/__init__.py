@@ -37,7 +37,7 @@ def __getattr__(name: str):
 
         return getattr(pipeline, name)
     if name == "load_stage_pipeline":
-        from .stages.loading import load_stage_pipeline
+        from .stages.load_stage import load_stage_pipeline
 
         return load_stage_pipeline
     raise AttributeError(f"module 'paradiff' has no attribute {name!r}")

@@ -12,7 +12,7 @@ from .config import ParallelConfig
 from .errors import ParadiffError
 from .models import family_of, find_denoiser
 from .runtime.distributed import env_world_size
-from .stages.loading import check_loaded_stage
+from .stages.load_stage import check_loaded_stage
 from .strategies import strategy_class
 from .strategies.cfg import CfgStrategy
 from .strategies.support import strategies_for

@@ -41,7 +41,7 @@ from .runtime.distributed import RankGroup, can_join_world, ensure_process_group
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.step_state import StepState
-from .stages.loading import loaded_stage
+from .stages.load_stage import loaded_stage
 from .strategies import strategy_class
 from .strategies.base import Strategy
 from .strategies.cfg import CfgStrategy

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from scene_analysis import asked_by, background_of, misses, where_is
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
-from paradiff.builtin.components import build_tokenizer
+from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES, SHAPES, SIZES, VOCABULARY, Shape, make_scenes
 from paradiff.builtin.train import mirrored, train
 from paradiff.builtin.vocabulary import KNOWN_WORDS, SUGGESTIONS

@@ -189,7 +189,8 @@ def test_rows_that_do_not_divide_into_patches_fail_clearly(pool2):
             2,
             {},
             r"strategy='pipefusion' does not support UNet2DConditionModel: it needs its transformer blocks as one "
-            r"chain \(block_stack\), which the unet family does not declare; supported: PixArtTransformer2DModel, SD3Transformer2DModel, FluxTransformer2DModel, .*"
+            r"chain \(block_stack\), which the unet family does not declare; supported: PixArtTransformer2DModel, "
+            r"SD3Transformer2DModel, FluxTransformer2DModel, .*"
             r"WanTransformer3DModel, .* \(strategy='patch', 'parastep', 'asyncdiff' or 'cfg' run "
             r"UNet2DConditionModel\)",
         ),

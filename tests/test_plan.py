@@ -596,7 +596,7 @@ def test_auto_refuses_options_it_decides_itself():
 
 def test_the_block_schedule_counts_the_blocks_in_flight_and_those_just_finished():
     """Four blocks of 2 frames, 4 steps, each block one level behind the one before (``ar_step=1``)."""
-    from paradiff.plan.frame_blocks import schedule_counts
+    from paradiff.plan.forcing_loop import schedule_counts
 
     moving = [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 1]]
     mask = torch.tensor(moving).repeat_interleave(2, dim=1)
@@ -606,7 +606,7 @@ def test_the_block_schedule_counts_the_blocks_in_flight_and_those_just_finished(
 
 
 def test_a_window_costs_its_frames_and_their_square():
-    from paradiff.plan.frame_blocks import window_cost
+    from paradiff.plan.forcing_loop import window_cost
 
     def cost(frames):  # per-frame layers and a self-attention over every frame
         return 3.0 * frames + 0.5 * frames**2
@@ -616,7 +616,7 @@ def test_a_window_costs_its_frames_and_their_square():
 
 
 def test_dualparal_costs_each_iteration_as_its_passes_through_the_stages():
-    from paradiff.plan.frame_blocks import BlockLoop
+    from paradiff.plan.forcing_loop import BlockLoop
 
     window = _workload(flops=8e12, unit_flops=(4e12, 4e12), unit_output_bytes=(0.0, 0.0), latent_bytes=0.0)
     block = _workload(flops=2e12, unit_flops=(1e12, 1e12), unit_output_bytes=(0.0, 0.0), latent_bytes=0.0)
@@ -642,7 +642,7 @@ def dualparal_bytes(warmup: int, windows: int) -> tuple[float, float]:
     from skyreels_pipelines import build_df_pipeline, df_call, latent_frames_to_frames
 
     import paradiff
-    from paradiff.plan.frame_blocks import block_loop
+    from paradiff.plan.forcing_loop import block_loop
 
     pipe = build_df_pipeline()
     extra = {} if windows == 1 else {"base_num_frames": latent_frames_to_frames(6), "overlap_history": 5}
@@ -680,7 +680,7 @@ def test_a_diffusion_forcing_plan_predicts_dualparal_and_refuses_parastep():
 
     from paradiff.plan.job import PlanJob
     from paradiff.plan.on_ranks import plan_pipeline
-    from paradiff.plan.report import plan_lines
+    from paradiff.plan.printout import plan_lines
     from paradiff.strategies.parastep import COPIED_SCHEDULER
 
     pipe = build_df_pipeline()

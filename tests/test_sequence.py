@@ -15,7 +15,7 @@ from patch_cases import check_exact_and_restored, generate, parallel_vs_one_devi
 import paradiff
 from paradiff import ParadiffError
 from paradiff.layers.sdpa_dispatch import DispatchedSDPAHook
-from paradiff.layers.sequence import sequence_split_error
+from paradiff.layers.sequence_hooks import sequence_split_error
 from paradiff.models import Grid, family_of
 from paradiff.strategies import strategy_class, strategy_names
 from paradiff.tiny import build_pipeline, prompt_inputs

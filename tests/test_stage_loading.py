@@ -13,7 +13,7 @@ from patch_cases import generate
 import paradiff
 from paradiff.errors import ParadiffError
 from paradiff.loading import load_pipeline
-from paradiff.stages.loading import load_stage_pipeline, loaded_stage
+from paradiff.stages.load_stage import load_stage_pipeline, loaded_stage
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 STEPS = 2

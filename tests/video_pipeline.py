@@ -8,7 +8,7 @@ import torch
 from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
 from transformers import T5Config, T5EncoderModel
 
-from paradiff.builtin.components import build_tokenizer
+from paradiff.builtin.configs import build_tokenizer
 
 TEXT_TOKENS = 226  # CogVideoXPipeline's default max_sequence_length
 

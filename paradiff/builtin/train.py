@@ -40,7 +40,7 @@ from diffusers.utils import logging as diffusers_logging
 from transformers import CLIPTextModel
 
 from . import WEIGHTS
-from .components import (
+from .configs import (
     IMAGE_SIZE,
     NOISE_SCHEDULE,
     PROMPT_TOKENS,

@@ -43,7 +43,7 @@ from transformers import CLIPTextModel
 
 from . import WEIGHTS
 from .clips import DIRECTION_TOKENS, DIRECTIONS, FRAMES, MOTION_WORDS, Clip, make_clips
-from .components import NOISE_SCHEDULE, build_scheduler, build_tokenizer, build_video_dit
+from .configs import NOISE_SCHEDULE, build_scheduler, build_tokenizer, build_video_dit
 from .scenes import make_scenes
 from .train import (
     CAPTION_DROPOUT,

@@ -43,7 +43,7 @@ from ..loading import (
 from ..plan.architectures import architecture_names
 from ..plan.hardware import hardware_names
 from ..strategies import strategy_names
-from .checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
+from .argument_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
 from .generate_job import GenerateJob, check_outputs, generate_on_rank
 from .summary import generate_json, summary_lines, times_sign
 
@@ -185,7 +185,7 @@ def plan(args: argparse.Namespace) -> int:
     with quiet_output(args.verbose, libraries=False):
         result = _make_plan(job, args.verbose)
     if result is not None:
-        from ..plan.report import plan_json, plan_lines
+        from ..plan.printout import plan_json, plan_lines
 
         print(json.dumps(plan_json(result), indent=2) if args.json else "\n".join(plan_lines(result)), flush=True)
     return 0

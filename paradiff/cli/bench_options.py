@@ -10,7 +10,7 @@ from ..bench.job import DEFAULT_PROMPTS, BenchJob
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
-from .checks import check_numbers, check_world, given_prompts, resolve_nproc, threads_per_rank
+from .argument_checks import check_numbers, check_world, given_prompts, resolve_nproc, threads_per_rank
 
 
 def job_from_args(args: argparse.Namespace, threads: int | None = None) -> BenchJob:

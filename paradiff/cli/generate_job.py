@@ -234,7 +234,7 @@ def _run_length(pipe, job: GenerateJob, inputs: dict, plan: GeneratePlan, device
 def loads_by_stage(job: GenerateJob) -> bool:
     """Whether each rank loads only its stage of the blocks: ``pipefusion`` or ``dualparal`` without the one-device
     reference (which needs the whole model) on a model read from files."""
-    from ..stages.loading import STAGED
+    from ..stages.load_stage import STAGED
 
     return job.nproc > 1 and job.strategy in STAGED and not job.baseline and job.model not in RANDOM_MODELS
 
@@ -254,7 +254,7 @@ def generate_on_rank(job: GenerateJob) -> dict:
     from ..memory import PeakMemory
     from ..metrics import psnr
     from ..runtime.distributed import ensure_process_group
-    from ..stages.loading import load_stage_pipeline
+    from ..stages.load_stage import load_stage_pipeline
 
     torch.set_num_threads(job.threads)
     if job.nproc > 1:

@@ -15,13 +15,13 @@ from ..compat import dispatch_attention_fn
 from ..errors import ParadiffError
 from ..runtime.comm import SYNC, Communicator
 from .sdpa import SDPAHook
-from .sequence import attention_traffic
+from .sequence_hooks import attention_traffic
 
 
 class DispatchedSDPAHook(SDPAHook):
     """On one attention layer: its attention runs in diffusers' dispatcher under ``parallel_config``.
 
-    Counts the bytes this rank sends per call, as :class:`~paradiff.layers.sequence.AttentionTrafficHook`.
+    Counts the bytes this rank sends per call, as :class:`~paradiff.layers.sequence_hooks.AttentionTrafficHook`.
     """
 
     def __init__(self, name: str, parallel_config, backend: str | None, comm: Communicator, sequence_dim: str):

@@ -6,7 +6,7 @@ transfers; displaced steps overlap them with compute as far as the machine allow
 Under the CFG split each group computes half the batch and the halves' predictions are gathered; a pipeline that
 makes two calls per step (two-call CFG, :attr:`Workload.calls_per_step`) costs twice one call's compute, bytes and
 exchanges per step, and under the CFG split each group makes one of the two calls. The loop of a
-diffusion-forcing pipeline (:mod:`paradiff.plan.frame_blocks`) replaces the steps by its iterations.
+diffusion-forcing pipeline (:mod:`paradiff.plan.forcing_loop`) replaces the steps by its iterations.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..errors import ParadiffError
 from ..strategies import strategy_class, strategy_names
 from ..strategies.costing import CostMachine, CostSetting
-from .frame_blocks import BlockLoop
+from .forcing_loop import BlockLoop
 from .hardware import Hardware
 from .workload import Workload
 

@@ -17,7 +17,7 @@ from ..models.base import bind_inputs
 from ..strategies import strategy_class
 from .architectures import architecture
 from .costs import Fixed, Prediction, always_exact, decode_fixed, modelled, modelled_strategies, no_cost_model, predict
-from .frame_blocks import BlockLoop
+from .forcing_loop import BlockLoop
 from .hardware import Hardware, hardware_names, hardware_profile
 from .workload import Workload, meta_model, trace
 

@@ -20,7 +20,7 @@ from ..strategies import strategy_class
 from ..strategies.dualparal import makes_block_schedules
 from .calibrate import calibrate, fastest
 from .costs import Fixed
-from .frame_blocks import block_loop
+from .forcing_loop import block_loop
 from .hardware import hardware_profile
 from .job import PLAN_PROMPT, Plan, PlanJob, predictions, runnable_strategies
 from .workload import PLAN_STEPS, denoiser_skipped, pipeline_workload

@@ -117,7 +117,7 @@ def weights_checksum(module: nn.Module, names: tuple[str, ...] | None = None) ->
 def describe_setup(pipe, options: dict, loaded_stage: Callable[[nn.Module], object | None]) -> dict[str, str]:
     """What ``parallelize`` runs: the options, the pipeline class, each component (class, parameter count,
     dtype, weights checksum). ``loaded_stage(module)`` says which stage of a component's blocks this rank
-    loaded (``paradiff.stages.loading``), None for a whole one: then the ranks compare the cut instead."""
+    loaded (``paradiff.stages.load_stage``), None for a whole one: then the ranks compare the cut instead."""
     description = {name: describe(value) for name, value in options.items()}
     description["pipeline"] = type(pipe).__qualname__
     scheduler = getattr(pipe, "scheduler", None)

@@ -48,7 +48,7 @@ class PassCost:
 @dataclass(frozen=True)
 class CostSetting:
     """What one predicted setting adds to the machine: the strategy's options, and the loop of a
-    diffusion-forcing pipeline when the call has one (``paradiff.plan.frame_blocks.BlockLoop``)."""
+    diffusion-forcing pipeline when the call has one (``paradiff.plan.forcing_loop.BlockLoop``)."""
 
     options: dict = field(default_factory=dict)
     blocks: object | None = None

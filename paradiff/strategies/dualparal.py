@@ -72,7 +72,7 @@ from ..stages.frame_block_hooks import (
     WindowHook,
 )
 from ..stages.link import StageLink
-from ..stages.loading import loaded_cut
+from ..stages.load_stage import loaded_cut
 from ..stages.release import release_other_stages
 from .base import Strategy, StrategyOptions, is_count
 from .costing import CostMachine, CostSetting, PassCost

@@ -46,7 +46,7 @@ from ..stages.blocks import (
     stage_blocks,
 )
 from ..stages.cut import balanced_cut, measured_costs
-from ..stages.loading import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
+from ..stages.load_stage import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
 from ..stages.release import params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums

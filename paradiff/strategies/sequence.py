@@ -61,7 +61,7 @@ from ..compat import (
 )
 from ..errors import ParadiffError
 from ..layers.sdpa_dispatch import DispatchedSDPAHook
-from ..layers.sequence import AttentionTrafficHook, SequenceCheckHook
+from ..layers.sequence_hooks import AttentionTrafficHook, SequenceCheckHook
 from ..models import Capability, DenoiserFamily
 from ..runtime.comm import Communicator
 from ..runtime.distributed import local_device
