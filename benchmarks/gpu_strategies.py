@@ -100,13 +100,12 @@ def _image_case(pipe, family: str, device, strategy: str):
 
 
 def _video_case(device):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from skyreels_pipelines import build_df_pipeline, df_call
-
     import paradiff
     from paradiff.strategies.dualparal import one_device_schedule
+    from paradiff.tiny import pipeline
+    from paradiff.tiny.forcing import df_call
 
-    pipe = build_df_pipeline().to(device)
+    pipe = pipeline("skyreels-df").to(device)
     with one_device_schedule(pipe, None):
         reference = pipe(**df_call()).frames
     pipe = paradiff.parallelize(pipe, strategy="dualparal", dualparal_displaced=False)

@@ -18,8 +18,9 @@ from pathlib import Path
 import bench_common  # noqa: F401  (puts tests/ on the import path)
 import torch
 from bench_common import status_mb
-from family_pipelines_video import build_video_pipeline
 from rank_workers import RankPool
+
+from paradiff.tiny import build
 
 QUICK = {"size": 64, "frames": 5}
 #: A Wan VAE of a quarter of the real one's width (96): big enough that the decode's activations dominate.
@@ -32,7 +33,7 @@ def decode(size: int, frames: int, parallel_vae: bool) -> dict:
     import paradiff
 
     torch.set_num_threads(1)
-    pipe, _ = build_video_pipeline("wan")
+    pipe, _ = build("wan")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         pipe.vae = type(pipe.vae).from_config({**pipe.vae.config, "base_dim": VAE_WIDTH}).eval()

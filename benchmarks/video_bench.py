@@ -39,11 +39,11 @@ import bench_common  # noqa: F401  (puts tests/ on the import path)
 import numpy as np
 import torch
 from bench_common import status_mb
-from family_pipelines_video import build_video_pipeline
 from rank_workers import RankFailure, RankPool
-from skyreels_pipelines import build_df_pipeline, df_call, latent_frames_to_frames
 
+from paradiff import tiny
 from paradiff.metrics import frame_changes, psnr
+from paradiff.tiny.forcing import df_call, latent_frames_to_frames
 
 QUICK = {"size": 64, "frames": 5, "steps": 3}
 #: The benchmark's transformer (about 30M parameters); the rest of the tiny test pipeline is kept.
@@ -78,7 +78,7 @@ _PIPE: dict = {}
 def pipeline():
     """The benchmark's pipeline, built once per process (the same weights in every process) and run once untimed."""
     if "pipe" not in _PIPE:
-        pipe, call = build_video_pipeline("wan")
+        pipe, call = tiny.build("wan")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             pipe.transformer = type(pipe.transformer).from_config({**pipe.transformer.config, **WAN_30M}).eval()
@@ -138,7 +138,7 @@ def long_video(
     from paradiff.strategies.dualparal import one_device_schedule
 
     torch.set_num_threads(1)
-    pipe = build_df_pipeline(7, **SKYREELS_30M)
+    pipe = tiny.pipeline("skyreels-df", layers=7, **SKYREELS_30M)
     call = df_call(latent_frames=latent_frames, size=size, steps=steps, **(windows or {}))
     with torch.no_grad():
         pipe(**df_call(latent_frames=2, size=size, steps=1))  # first-call allocations out of the timed run
@@ -173,7 +173,7 @@ def long_video_plan(latent_frames: int, steps: int, size: int, windows: dict | N
     from paradiff.plan.on_ranks import plan_pipeline
 
     torch.set_num_threads(1)
-    pipe = build_df_pipeline(7, **SKYREELS_30M)
+    pipe = tiny.pipeline("skyreels-df", layers=7, **SKYREELS_30M)
 
     def call(height: int, call_steps: int, output_type: str):
         call = df_call(latent_frames=latent_frames, size=height, steps=call_steps, **(windows or {}))

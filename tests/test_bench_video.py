@@ -15,7 +15,6 @@ import pytest
 import torch
 from PIL import Image
 from torchmetrics.functional.image import structural_similarity_index_measure
-from video_pipeline import save_tiny_cogvideox
 
 from paradiff.bench import report
 from paradiff.bench.fidelity import video_fidelity
@@ -25,6 +24,7 @@ from paradiff.bench.prompts import VIDEO_SCENES, bench_prompts
 from paradiff.bench.report import VIDEO_TABLE_HEADERS, write_report
 from paradiff.bench.run import BenchResults, RunResult, bench_on_rank
 from paradiff.metrics import SSIM_K1, SSIM_K2, frame_changes, ssim, ssim_window
+from paradiff.tiny import save
 
 FRAMES, SIZE = 6, 16
 
@@ -240,7 +240,7 @@ def test_video_report_has_per_frame_figures_flicker_strips_and_previews(tmp_path
 
 @pytest.mark.timeout(120)
 def test_bench_of_a_video_pipeline_on_two_ranks(pool2, tmp_path):
-    folder = save_tiny_cogvideox(tmp_path / "cogvideox")
+    folder = save("cogvideox-text", tmp_path / "cogvideox")
     out = tmp_path / "report"
     out.mkdir()  # as job_from_args does
     job = BenchJob(str(folder), ("patch", "cfg"), (1,), 2, 1, 2, None, 0, 1, str(out))

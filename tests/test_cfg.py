@@ -10,7 +10,6 @@ import pytest
 import torch
 from exactness import assert_exact, latents, relative_error
 from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device
-from video_pipeline import build_tiny_cogvideox
 
 import paradiff
 from paradiff import ParadiffError
@@ -18,7 +17,7 @@ from paradiff.layers.batch_split import CfgSplitHook
 from paradiff.models import family_of
 from paradiff.models.base import bind_inputs
 from paradiff.runtime.step_state import StepState
-from paradiff.tiny import build_pipeline, prompt_inputs
+from paradiff.tiny import build_pipeline, pipeline, prompt_inputs
 
 
 def decode_one_latent(pipe) -> dict:
@@ -102,7 +101,7 @@ def test_two_call_guidance_runs_one_call_per_group_exactly(rank_pool, ranks, opt
 
 def cogvideox_vs_one_device(steps: int, **options) -> dict:
     """A video DiT no family describes (CogVideoX batches CFG in one call), one device vs ``parallelize`` (latents)."""
-    pipe = build_tiny_cogvideox()
+    pipe = pipeline("cogvideox-text")
 
     def video():
         call = {"num_inference_steps": steps, "num_frames": 5, "height": 32, "width": 32, "output_type": "latent"}

@@ -14,14 +14,13 @@ import pytest
 from cli_ranks import cli_on_ranks
 from PIL import Image
 from scene_analysis import background_of
-from video_pipeline import save_tiny_cogvideox
 
 import paradiff
 from paradiff.cli import build_parser, main
 from paradiff.cli.summary import format_bytes, format_fidelity, format_speedup, summary_lines
 from paradiff.launch.quiet import quiet_output
 from paradiff.loading import load_pipeline
-from paradiff.tiny import build_pipeline, prompt_inputs
+from paradiff.tiny import build_pipeline, prompt_inputs, save
 
 #: Bad input must be refused before any image is drawn: loading the model on 2 ranks takes seconds, drawing
 #: the one-device reference would show its labelled progress bar. The bound is loose: the 2 cores are shared.
@@ -129,7 +128,7 @@ def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(tmp_path):
 def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
     import imageio.v3 as iio
 
-    folder = save_tiny_cogvideox(tmp_path / "cogvideox")
+    folder = save("cogvideox-text", tmp_path / "cogvideox")
     capsys.readouterr()  # save_pretrained's own bars
     argv = ["a red circle", "--model", str(folder), "--nproc", "1", "--steps", "2", "--frames", "5", "--size", "32"]
     assert main(["generate", *argv, "--out", str(tmp_path / "clip.png")]) == 2

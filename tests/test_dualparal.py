@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from skyreels_pipelines import BLOCK, build_df_pipeline, df_call, latent_frames_to_frames
 
 import paradiff
 from paradiff import ParadiffError
@@ -14,6 +13,8 @@ from paradiff.config import ParallelConfig
 from paradiff.metrics import psnr
 from paradiff.models import family_of
 from paradiff.strategies.dualparal import one_device_schedule
+from paradiff.tiny import build, pipeline
+from paradiff.tiny.forcing import BLOCK, df_call, latent_frames_to_frames
 
 #: Largest difference allowed against the one-device schedule, relative to the output's largest magnitude (fp32).
 TOLERANCE = 1e-5
@@ -28,7 +29,7 @@ def _resident_block_parameters(model) -> int:
 def dualparal_vs_one_device(layers: int = 4, context: int | None = None, extra: dict | None = None, **options):
     """The one-device schedule, then ``dualparal`` twice on this rank; what each rank held, the tokens a block saw."""
     extra = extra or {}
-    pipe = build_df_pipeline(layers)
+    pipe = pipeline("skyreels-df", layers=layers)
     model = pipe.transformer
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
     widest = []
@@ -84,7 +85,7 @@ def window_allows(frames: int, block: int, context: int | None) -> torch.Tensor:
 def windowed_stock_pipeline(context: int | None = None, extra: dict | None = None) -> np.ndarray:
     """The stock pipeline in this one process, each transformer block given dualparal's window as its attention
     mask in place of the model's block-causal one: a reference that shares no code with ``dualparal``."""
-    pipe = build_df_pipeline(4)
+    pipe = pipeline("skyreels-df", layers=4)
     model = pipe.transformer
     frames_and_tokens = []
 
@@ -160,7 +161,7 @@ def test_displaced_reads_last_steps_keys_after_warm_up(pool2):
 
 def cfg_alone_vs_stock() -> dict:
     """The CFG split alone on this pipeline (per-frame timesteps) against the stock pipeline on one device."""
-    pipe = build_df_pipeline(2)
+    pipe = pipeline("skyreels-df", layers=2)
     stock = pipe(**df_call()).frames
     pipe = paradiff.parallelize(pipe, strategy="cfg")
     try:
@@ -179,7 +180,7 @@ def test_the_cfg_split_pairs_calls_with_per_frame_timesteps(pool2):
 
 def call_error(options: dict, strategy: str = "dualparal", **call) -> str:
     """The ParadiffError a ``strategy`` call raises on this rank, or ''."""
-    pipe = paradiff.parallelize(build_df_pipeline(2), strategy=strategy, **options)
+    pipe = paradiff.parallelize(pipeline("skyreels-df", layers=2), strategy=strategy, **options)
     try:
         pipe(**df_call(**call))
     except ParadiffError as error:
@@ -219,10 +220,8 @@ def test_parastep_refuses_a_pipeline_that_copies_its_scheduler(pool2):
 
 @pytest.mark.parametrize("family", ["wan", "latte"])
 def test_a_pipeline_without_per_frame_noise_levels_is_refused(monkeypatch, family):
-    from family_pipelines_video import build_video_pipeline
-
     monkeypatch.setenv("WORLD_SIZE", "2")
-    pipe, _ = build_video_pipeline(family)
+    pipe, _ = build(family)
     with pytest.raises(ParadiffError, match=r"one noise level per frame .*SkyReelsV2DiffusionForcingPipeline"):
         paradiff.parallelize(pipe, strategy="dualparal")
     assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
@@ -231,14 +230,14 @@ def test_a_pipeline_without_per_frame_noise_levels_is_refused(monkeypatch, famil
 def test_more_ranks_than_blocks_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ParadiffError, match=r"4 stages \(one per rank\) .* this SkyReelsV2Transformer3DModel has 2"):
-        paradiff.parallelize(build_df_pipeline(2), strategy="dualparal")
+        paradiff.parallelize(pipeline("skyreels-df", layers=2), strategy="dualparal")
     assert not dist.is_initialized()
 
 
 def test_a_model_that_patches_frames_together_is_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ParadiffError, match=r"this SkyReelsV2Transformer3DModel patches 2 frames into one token"):
-        paradiff.parallelize(build_df_pipeline(2, patch_size=(2, 2, 2)), strategy="dualparal")
+        paradiff.parallelize(pipeline("skyreels-df", layers=2, patch_size=(2, 2, 2)), strategy="dualparal")
     assert not dist.is_initialized()
 
 
@@ -250,7 +249,7 @@ def test_options_are_validated():
 
 
 def test_the_rotary_table_at_an_offset_is_the_stock_tables_rows():
-    model = build_df_pipeline(2).transformer
+    model = pipeline("skyreels-df", layers=2).transformer
     latent = torch.zeros(1, 16, 6, 4, 4)
     whole = model.rope(latent)
     tokens = 4  # rows × columns of patches per frame
@@ -261,7 +260,7 @@ def test_the_rotary_table_at_an_offset_is_the_stock_tables_rows():
 
 
 def test_the_one_device_schedule_is_the_stock_pipeline_for_two_blocks():
-    pipe = build_df_pipeline(2)
+    pipe = pipeline("skyreels-df", layers=2)
     stock = pipe(**df_call(latent_frames=4)).frames
     with one_device_schedule(pipe):
         assert torch.equal(pipe(**df_call(latent_frames=4)).frames, stock)

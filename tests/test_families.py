@@ -1,6 +1,6 @@
 """Every diffusers family paradiff runs, under every strategy that applies to it, equal to one device.
 
-Tiny real pipelines (``family_pipelines_image``/``_video``), fp32 on CPU, 2 gloo ranks: in exact mode
+Tiny real pipelines (``paradiff.tiny``'s image DiTs and videos), fp32 on CPU, 2 gloo ranks: in exact mode
 (warm-up over every step) each strategy's output is the one-device output within float round-off, the
 same on every rank, and the pipeline comes back untouched. Which strategies apply is asked of the code
 (``Strategy.supports`` and the pipeline's CFG), so a family or strategy that stops supporting the other
@@ -18,8 +18,6 @@ import pytest
 import torch
 from displaced_reference import asyncdiff_reference, patch_reference, pipefusion_reference
 from exactness import TOLERANCE, latents
-from family_pipelines_image import IMAGE_FAMILIES, build_image_pipeline
-from family_pipelines_video import VIDEO_FAMILIES, build_video_pipeline
 
 import paradiff
 from paradiff.compat import ContextParallelInput, ulysses_gathers_key_masks
@@ -28,14 +26,13 @@ from paradiff.layers.token_plan import split_piece
 from paradiff.models import family_of, find_denoiser
 from paradiff.strategies import strategy_class
 from paradiff.strategies.cfg import cfg_free_reason
+from paradiff.tiny import build, names
 
 STEPS = 3
 #: Strategies tried on every family: all but ``ring``, which needs an attention backend CUDA alone has.
 STRATEGIES = ("patch", "pipefusion", "parastep", "asyncdiff", "cfg", "ulysses")
-
-
-def build(name: str):
-    return build_image_pipeline(name) if name in IMAGE_FAMILIES else build_video_pipeline(name)
+#: One tiny pipeline per family beyond the classic five (which other test modules run strategy by strategy).
+FAMILY_PIPELINES = names(group="image_dits") + names(group="videos")
 
 
 def applicable(pipe, strategy: str) -> bool:
@@ -86,7 +83,7 @@ def _check_exact(results: list[dict]) -> None:
             np.testing.assert_array_equal(other[strategy]["output"], result["output"], err_msg=strategy)
 
 
-@pytest.mark.parametrize("name", IMAGE_FAMILIES + VIDEO_FAMILIES)
+@pytest.mark.parametrize("name", FAMILY_PIPELINES)
 def test_every_applicable_strategy_is_exact(pool2, name):
     results = pool2.run(strategies_vs_one_device, name)
     print(name, {k: v.get("error", "refused") for k, v in results[0].items() if k != "restored"})
@@ -103,7 +100,7 @@ def test_a_class_no_family_module_describes_runs_from_diffusers_plan():
 
 def test_the_families_run_what_the_matrix_says():
     """The matrix these tests walk: each strategy covers the families it was built for (a regression drops one)."""
-    names = set(IMAGE_FAMILIES + VIDEO_FAMILIES)
+    names = set(FAMILY_PIPELINES)
     runs = {s: {name for name in names if applicable(build(name)[0], s)} for s in STRATEGIES}
     assert runs["parastep"] == names
     assert runs["cfg"] == names - {"flux2"}  # guidance-distilled: nothing to split

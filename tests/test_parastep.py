@@ -13,13 +13,12 @@ from diffusers import DiTTransformer2DModel, StableDiffusionImg2ImgPipeline
 from displaced_reference import parastep_reference
 from exactness import assert_exact, latents, relative_error
 from patch_cases import _hooks_left, displaced_vs_reference, flux_true_cfg_inputs, generate
-from video_pipeline import build_tiny_cogvideox
 
 import paradiff
 from paradiff import ParadiffError
 from paradiff.metrics import psnr
 from paradiff.runtime.step_rounds import LATENT, PREDICTION, SCHEDULER_STATE, RoundPlan, scheduler_tensors
-from paradiff.tiny import build_pipeline, prompt_inputs
+from paradiff.tiny import build_pipeline, pipeline, prompt_inputs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -212,7 +211,7 @@ def test_user_callbacks_see_the_stock_step_indices(pool2, family):
 
 
 def cogvideox_vs_one_device(steps: int, warmup: int, output_type: str) -> dict:
-    pipe = build_tiny_cogvideox()
+    pipe = pipeline("cogvideox-text")
 
     def video():
         generator = torch.Generator().manual_seed(0)
@@ -296,7 +295,7 @@ def test_options_of_other_strategies_are_refused(options, message):
 
 def test_a_strategy_that_needs_a_family_refuses_an_unknown_denoiser_naming_those_that_run_it(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")  # no process group exists: it must fail before creating one
-    pipe = build_tiny_cogvideox()
+    pipe = pipeline("cogvideox-text")
     pipe.transformer = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1)
     message = r"DiTTransformer2DModel is not supported.*'parastep' and strategy='cfg' run any denoiser"
     with pytest.raises(ParadiffError, match=message):

@@ -21,7 +21,8 @@ from paradiff.plan.hardware import Hardware, hardware_profile
 from paradiff.plan.job import PLAN_PROMPT
 from paradiff.plan.workload import Workload, meta_model, pipeline_workload
 from paradiff.strategies.costing import balanced_sums
-from paradiff.tiny import build_pipeline, prompt_inputs
+from paradiff.tiny import build, build_pipeline, pipeline, prompt_inputs
+from paradiff.tiny.forcing import df_call, latent_frames_to_frames
 
 SIZE = 64
 
@@ -58,10 +59,7 @@ def test_the_meta_trace_counts_the_flops_of_the_real_call_and_computes_nothing(f
 
 
 def test_two_call_cfg_counts_two_calls_per_step():
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from family_pipelines_video import build_video_pipeline
-
-    pipe, kwargs = build_video_pipeline("wan")
+    pipe, kwargs = build("wan")
     workload, _ = pipeline_workload(pipe, lambda: pipe(**{**kwargs, "num_inference_steps": 2}))
     assert workload.calls_per_step == 2 and workload.step_flops == 2 * workload.flops
 
@@ -639,12 +637,10 @@ def test_dualparal_costs_each_iteration_as_its_passes_through_the_stages():
 def dualparal_bytes(warmup: int, windows: int) -> tuple[float, float]:
     """(predicted, measured on this rank) bytes per iteration of ``dualparal`` on the tiny diffusion-forcing video of
     8 latent frames: one window, or two (6 frames, then 4 with the first 2 again as history)."""
-    from skyreels_pipelines import build_df_pipeline, df_call, latent_frames_to_frames
-
     import paradiff
     from paradiff.plan.forcing_loop import block_loop
 
-    pipe = build_df_pipeline()
+    pipe = pipeline("skyreels-df")
     extra = {} if windows == 1 else {"base_num_frames": latent_frames_to_frames(6), "overlap_history": 5}
 
     def call():
@@ -676,14 +672,12 @@ def test_predicted_dualparal_bytes_are_what_its_busiest_rank_sends(pool2, warmup
 
 
 def test_a_diffusion_forcing_plan_predicts_dualparal_and_refuses_parastep():
-    from skyreels_pipelines import build_df_pipeline, df_call
-
     from paradiff.plan.job import PlanJob
     from paradiff.plan.on_ranks import plan_pipeline
     from paradiff.plan.printout import plan_lines
     from paradiff.strategies.parastep import COPIED_SCHEDULER
 
-    pipe = build_df_pipeline()
+    pipe = pipeline("skyreels-df")
     job = PlanJob("skyreels-df", nproc=2, steps=3, hardware="h100-nvlink")
     for blocks, expected in ((2, {"cfg", "dualparal"}), (1, {"cfg"})):
 

@@ -14,7 +14,8 @@ import paradiff
 from paradiff.errors import ParadiffError
 from paradiff.loading import load_pipeline
 from paradiff.stages.load_stage import load_stage_pipeline, loaded_stage
-from paradiff.tiny import build_pipeline, prompt_inputs
+from paradiff.tiny import build_pipeline, prompt_inputs, save
+from paradiff.tiny.forcing import df_call
 
 STEPS = 2
 
@@ -117,8 +118,6 @@ def test_loading_by_stage_needs_stages_and_safetensors(tmp_path):
 def dualparal_stage_loaded_against_whole(folder: str) -> dict:
     """``dualparal`` (fresh) on the whole pipeline, then on the pipeline loaded by stage for it: what each held, and
     the two videos."""
-    from skyreels_pipelines import df_call
-
     whole = load_pipeline(folder)
     whole.set_progress_bar_config(disable=True)
     whole_bytes = _held_bytes(whole.transformer)
@@ -146,10 +145,8 @@ def dualparal_stage_loaded_against_whole(folder: str) -> dict:
 
 @pytest.mark.timeout(300)
 def test_dualparal_loads_its_stage_only_and_makes_the_whole_models_video(pool2, tmp_path):
-    from skyreels_pipelines import build_df_pipeline
-
     folder = str(tmp_path / "skyreels-df")
-    build_df_pipeline().save_pretrained(folder)
+    save("skyreels-df", folder)
     results = pool2.run(dualparal_stage_loaded_against_whole, folder)
     assert [r["stage"] for r in results] == [0, 1]
     whole = results[0]["whole_bytes"]

@@ -1,11 +1,9 @@
-"""Small but real diffusers pipelines with random weights, built offline from configs.
+"""The five classic families, SD, SDXL, PixArt-Sigma, SD3 and Flux, at two sizes, with random weights.
 
-``build_pipeline(family, size, seed, scheduler)`` returns a genuine diffusers pipeline object
-(``StableDiffusionPipeline``, ``StableDiffusionXLPipeline``, ``PixArtSigmaPipeline``,
-``StableDiffusion3Pipeline`` or ``FluxPipeline``) whose denoiser and VAE are instantiated from
-hand-written configs and randomly initialised under ``torch.manual_seed(seed)``.  Every process that
-calls it with the same arguments therefore holds bit-identical weights, without downloading anything.
-The caller's global RNG state is saved and restored around the build.
+``pipeline(family, size, scheduler)`` builds a genuine diffusers pipeline (``StableDiffusionPipeline``,
+``StableDiffusionXLPipeline``, ``PixArtSigmaPipeline``, ``StableDiffusion3Pipeline`` or ``FluxPipeline``)
+whose denoiser and VAE are instantiated from the hand-written configs below; the table
+(:mod:`paradiff.tiny.table`) runs it under a seeded RNG.
 
 Text encoders and tokenizers
 ----------------------------
@@ -41,7 +39,7 @@ Sizes
 ``"bench"`` -- roughly 30-40M-parameter denoisers meant for 512x512 images (64x64 latents); the
 exact parameter counts are noted next to each config below.
 
-``FluxPipeline`` hard-codes ``default_sample_size = 128`` (1024 px); ``build_pipeline`` overrides it so
+``FluxPipeline`` hard-codes ``default_sample_size = 128`` (1024 px); ``pipeline`` overrides it so
 that omitting ``height``/``width`` gives 64 px (tiny) or 512 px (bench) like the other families.
 
 VAEs use four levels (``vae_scale_factor == 8``).  The SD3 and Flux VAEs have 16 latent channels,
@@ -55,7 +53,6 @@ from typing import Any
 
 import torch
 from diffusers import (
-    AutoencoderKL,
     DDIMScheduler,
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
@@ -73,7 +70,7 @@ from diffusers import (
     UniPCMultistepScheduler,
 )
 
-__all__ = ["FAMILIES", "SIZES", "SCHEDULERS", "build_pipeline", "prompt_inputs", "count_parameters"]
+from .parts import kl_vae
 
 FAMILIES = ("sd", "sdxl", "pixart", "sd3", "flux")
 SIZES = ("tiny", "bench")
@@ -318,9 +315,19 @@ _FLOW_SCHEDULES = {
 }
 
 
-def _check_family(family: str) -> None:
+def check_family(family: str) -> None:
     if family not in FAMILIES:
         raise ValueError(f"Unknown family {family!r}; valid families are {', '.join(FAMILIES)}.")
+
+
+def check_size(size: str) -> None:
+    if size not in SIZES:
+        raise ValueError(f"Unknown size {size!r}; valid sizes are {', '.join(SIZES)}.")
+
+
+def table_name(family: str, size: str) -> str:
+    """The table's name of ``family`` at ``size``: the family's own name at "tiny", ``<family>-bench`` at "bench"."""
+    return family if size == "tiny" else f"{family}-{size}"
 
 
 def _make_scheduler(family: str, name: str | None):
@@ -345,41 +352,21 @@ def _make_scheduler(family: str, name: str | None):
     return cls(**{k: v for k, v in _BETA_SCHEDULES[family].items() if k in accepted})
 
 
-def _make_vae(family: str, size: str) -> AutoencoderKL:
-    spec = _VAE_SIZES[size]
-    levels = len(spec["block_out_channels"])
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * levels,
-        up_block_types=("UpDecoderBlock2D",) * levels,
-        **spec,
-        **_VAE_LATENTS[family],
-    )
-
-
-def _finish(module: torch.nn.Module) -> torch.nn.Module:
+def _float32(module: torch.nn.Module) -> torch.nn.Module:
     # Only cast when needed: ModelMixin.to(dtype=...) warns about _keep_in_fp32_modules otherwise.
     if any(p.dtype != torch.float32 for p in module.parameters()):
         module = module.to(dtype=torch.float32)
-    return module.eval()
+    return module
 
 
-def build_pipeline(family: str, size: str = "tiny", seed: int = 0, scheduler: str | None = None) -> DiffusionPipeline:
-    """Build a real diffusers pipeline of ``family`` with random weights seeded by ``seed``.
+def pipeline(family: str, size: str, scheduler: str | None = None) -> DiffusionPipeline:
+    """A real diffusers pipeline of ``family`` at ``size``, random weights drawn from the global RNG.
 
-    The pipeline is on CPU in float32 with the progress bar disabled and has no text encoders or
-    tokenizers; call it with ``pipe(**prompt_inputs(pipe, family), ...)``.
+    On CPU in float32, with no text encoders or tokenizers: call it with ``pipe(**prompt_inputs(pipe, family), ...)``.
     """
-    _check_family(family)
-    if size not in SIZES:
-        raise ValueError(f"Unknown size {size!r}; valid sizes are {', '.join(SIZES)}.")
     sched = _make_scheduler(family, scheduler)
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        denoiser = _finish(_DENOISER_CLASSES[family](**_FAMILY_STRUCTURE[family], **_DENOISER_CONFIGS[size][family]))
-        vae = _finish(_make_vae(family, size))
+    denoiser = _float32(_DENOISER_CLASSES[family](**_FAMILY_STRUCTURE[family], **_DENOISER_CONFIGS[size][family]))
+    vae = _float32(kl_vae(**_VAE_SIZES[size], **_VAE_LATENTS[family]))
 
     if family == "sd":
         pipe = StableDiffusionPipeline(
@@ -432,8 +419,12 @@ def build_pipeline(family: str, size: str = "tiny", seed: int = 0, scheduler: st
         # FluxPipeline hard-codes default_sample_size=128 (1024 px); match the model's intended size.
         pipe.default_sample_size = 8 if size == "tiny" else 64
     setattr(pipe, _TEXT_LEN_ATTR, _TEXT_LEN[size][family])
-    pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def call(family: str, pipe: DiffusionPipeline, generator: torch.Generator) -> dict[str, Any]:
+    """The table's call arguments: :func:`prompt_inputs`, drawn from ``generator``."""
+    return _inputs(pipe, family, generator, batch_size=1, seq_len=None)
 
 
 def _denoiser(pipe: DiffusionPipeline) -> torch.nn.Module:
@@ -451,15 +442,20 @@ def prompt_inputs(
     ``guidance_scale`` (CFG on for sd/sdxl/pixart/sd3, distilled guidance for flux) and, for pixart,
     ``use_resolution_binning=False``.  ``seq_len`` overrides the number of text tokens.
     """
-    _check_family(family)
+    check_family(family)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    return _inputs(pipe, family, torch.Generator("cpu").manual_seed(seed), batch_size, seq_len)
+
+
+def _inputs(
+    pipe: DiffusionPipeline, family: str, gen: torch.Generator, batch_size: int, seq_len: int | None
+) -> dict[str, Any]:
     den = _denoiser(pipe)
     cfg = den.config
     device, dtype = den.device, den.dtype
     if seq_len is None:
         seq_len = getattr(pipe, _TEXT_LEN_ATTR, _TEXT_LEN["bench"][family])
-    gen = torch.Generator("cpu").manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
@@ -494,14 +490,3 @@ def prompt_inputs(
         out["prompt_embeds"] = randn(batch_size, seq_len, cfg.joint_attention_dim)
         out["pooled_prompt_embeds"] = randn(batch_size, cfg.pooled_projection_dim)
     return out
-
-
-def count_parameters(module: torch.nn.Module | DiffusionPipeline) -> int:
-    """Number of parameters of ``module``; for a pipeline, summed over its torch components."""
-    if isinstance(module, DiffusionPipeline):
-        return sum(
-            count_parameters(component)
-            for component in module.components.values()
-            if isinstance(component, torch.nn.Module)
-        )
-    return sum(p.numel() for p in module.parameters())

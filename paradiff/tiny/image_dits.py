@@ -1,21 +1,16 @@
-"""Tiny, offline diffusers image pipelines of several model families, with random weights, for multi-rank tests.
+"""Tiny image DiT pipelines of eight more families, with random weights: Sana, Hunyuan-DiT, Lumina2, AuraFlow,
+CogView4, Qwen-Image, Chroma and Flux.2.
 
-``build_image_pipeline(name, seed)`` returns ``(pipe, kwargs)``: ``pipe(**kwargs)`` runs the whole pipeline on CPU in
-well under a second. The denoiser, VAE and scheduler are built from small configs (modelled on diffusers' own
-``tests/pipelines/<family>`` dummy components) under ``torch.manual_seed(seed)``, with the global RNG state saved and
-restored, so every process that builds a family with the same seed gets bit-identical weights. No text encoder or
-tokenizer is built: the kwargs carry prompt embeddings (and masks, where the pipeline takes them) drawn from a seeded
-``torch.Generator``, and the pipelines are given ``tokenizer=None, text_encoder=None``.
+The denoiser, VAE and scheduler are built from small configs (modelled on diffusers' own ``tests/pipelines/<family>``
+dummy components); no text encoder or tokenizer is built: the call carries prompt embeddings (and masks, where the
+pipeline takes them) and the pipelines are given ``tokenizer=None, text_encoder=None``.
 
 Common shape of every family: the denoiser sees an image token grid of ``TOKEN_ROWS x TOKEN_COLS`` = 8 x 4 tokens
 (after VAE downscale and patchify/packing), prompts of ``PROMPT_TOKENS`` = 16 tokens, attention head counts divisible
-by 4, CFG on wherever the pipeline has it (Flux2Pipeline is guidance-distilled and has none), ``num_inference_steps=3``
-and ``output_type="latent"`` (the VAE is consistent with the pipeline, so ``output_type="np"`` works too).
+by 4, and CFG on wherever the pipeline has it (Flux2Pipeline is guidance-distilled and has none).
 
 Masks: the positive prompt's mask is all ones; the negative prompt's mask (where the pipeline takes one) has its last
 ``NEGATIVE_PAD_TOKENS`` = 4 tokens masked out, as a shorter negative prompt padded to the same length would.
-
-``kwargs["generator"]`` is consumed by a call: build again (or replace it) before calling a second time.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ from diffusers import (
     SanaTransformer2DModel,
 )
 
-IMAGE_FAMILIES = ("sana", "hunyuandit", "lumina2", "auraflow", "cogview4", "qwenimage", "chroma", "flux2")
+from .parts import embeddings, kl_vae, mask, prompt_pair
 
 #: Image tokens the denoiser sees, after VAE downscale and patchify / 2x2 packing.
 TOKEN_ROWS = 8
@@ -56,7 +51,6 @@ TOKEN_COLS = 4
 PROMPT_TOKENS = 16
 #: Trailing tokens masked out of the negative prompt's attention mask, where the pipeline takes a mask.
 NEGATIVE_PAD_TOKENS = 4
-NUM_INFERENCE_STEPS = 3
 #: Heads of every attention layer (Lumina2: 8 query heads and 4 key/value heads).
 HEADS = 4
 HEAD_DIM = 8
@@ -65,71 +59,26 @@ INNER_DIM = HEADS * HEAD_DIM
 TEXT_DIM = 16
 
 
-def build_image_pipeline(name: str, seed: int = 0) -> tuple[DiffusionPipeline, dict]:
-    """(pipe, call kwargs) — pipe(**kwargs) runs the whole pipeline offline on CPU in about a second or less."""
-    try:
-        builder = _BUILDERS[name]
-    except KeyError:
-        raise ValueError(f"unknown image family {name!r}; known: {', '.join(IMAGE_FAMILIES)}") from None
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        pipe = builder()
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            component.eval()
-    pipe.set_progress_bar_config(disable=True)
-    kwargs = _CALL_KWARGS[name](torch.Generator().manual_seed(seed))
-    kwargs.update(generator=torch.Generator().manual_seed(0), num_inference_steps=NUM_INFERENCE_STEPS)
-    kwargs.setdefault("output_type", "latent")
-    return pipe, kwargs
-
-
-# --------------------------------------------------------------------------------------------------- components
-
-
-def _kl_vae(latent_channels: int = 4, **extra) -> AutoencoderKL:
+def _vae(cls: type = AutoencoderKL, **extra) -> torch.nn.Module:
     """An 8x AutoencoderKL (4 blocks) with 4 channels per block."""
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(4, 4, 4, 4),
-        layers_per_block=1,
-        latent_channels=latent_channels,
-        norm_num_groups=1,
-        sample_size=32,
-        **extra,
-    )
+    return kl_vae((4, 4, 4, 4), cls, layers_per_block=1, latent_channels=4, norm_num_groups=1, sample_size=32, **extra)
 
 
-def _embeds(generator: torch.Generator, tokens: int = PROMPT_TOKENS, dim: int = TEXT_DIM) -> torch.Tensor:
-    return torch.randn((1, tokens, dim), generator=generator)
-
-
-def _mask(valid: int, tokens: int = PROMPT_TOKENS, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    mask = torch.zeros((1, tokens), dtype=dtype)
-    mask[:, :valid] = 1
-    return mask
-
-
-def _positive_and_negative(
-    generator: torch.Generator, dim: int = TEXT_DIM, mask_dtype: torch.dtype = torch.long, tokens: int = PROMPT_TOKENS
-):
+def _masked_pair(
+    generator: torch.Generator, width: int = TEXT_DIM, tokens: int = PROMPT_TOKENS, dtype: torch.dtype = torch.long
+) -> dict:
     """Embeddings and masks: the positive prompt fully valid, the negative one with padding at the end."""
-    return (
-        _embeds(generator, tokens, dim),
-        _mask(tokens, tokens, mask_dtype),
-        _embeds(generator, tokens, dim),
-        _mask(tokens - NEGATIVE_PAD_TOKENS, tokens, mask_dtype),
-    )
+    return {
+        **prompt_pair(generator, tokens, width),
+        "prompt_attention_mask": mask(tokens, tokens, dtype),
+        "negative_prompt_attention_mask": mask(tokens - NEGATIVE_PAD_TOKENS, tokens, dtype),
+    }
 
 
-# --------------------------------------------------------------------------------------------------- families
-# Each builder runs under the caller's seeded RNG; each kwargs function draws embeddings from its generator.
+# Each pipeline function runs under the table's seeded RNG; each call function draws embeddings from its generator.
 
 
-def _sana() -> SanaPipeline:
+def sana() -> SanaPipeline:
     transformer = SanaTransformer2DModel(
         patch_size=1,
         in_channels=4,
@@ -165,13 +114,9 @@ def _sana() -> SanaPipeline:
     return SanaPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
-def _sana_kwargs(g: torch.Generator) -> dict:
-    pos, pos_mask, neg, neg_mask = _positive_and_negative(g)
+def sana_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
     return dict(
-        prompt_embeds=pos,
-        prompt_attention_mask=pos_mask,
-        negative_prompt_embeds=neg,
-        negative_prompt_attention_mask=neg_mask,
+        **_masked_pair(g),
         negative_prompt=None,  # defaults to "", which check_inputs refuses next to negative_prompt_embeds
         guidance_scale=4.5,
         height=TOKEN_ROWS * 8,  # 8x VAE, patch 1 (Sana needs multiples of 32)
@@ -184,7 +129,7 @@ def _sana_kwargs(g: torch.Generator) -> dict:
 _HUNYUAN_TEXT_LEN = PROMPT_TOKENS // 2
 
 
-def _hunyuandit() -> HunyuanDiTPipeline:
+def hunyuandit() -> HunyuanDiTPipeline:
     transformer = HunyuanDiT2DModel(
         sample_size=16,
         num_layers=4,  # U-ViT long skip: block 3 takes block 0's output
@@ -200,7 +145,7 @@ def _hunyuandit() -> HunyuanDiTPipeline:
         text_len=_HUNYUAN_TEXT_LEN,
         text_len_t5=_HUNYUAN_TEXT_LEN,
     )
-    vae = _kl_vae()  # the pipeline computes RoPE for an 8x VAE
+    vae = _vae()  # the pipeline computes RoPE for an 8x VAE
     # without clipping the x0 estimate: clipping a random model's estimate at ±1 amplifies float round-off ~100x
     # per step, which would bury an exactness check under it
     scheduler = DDPMScheduler(clip_sample=False)
@@ -218,18 +163,12 @@ def _hunyuandit() -> HunyuanDiTPipeline:
     )
 
 
-def _hunyuandit_kwargs(g: torch.Generator) -> dict:
-    pos, pos_mask, neg, neg_mask = _positive_and_negative(g, INNER_DIM, tokens=_HUNYUAN_TEXT_LEN)
-    pos2, pos_mask2, neg2, neg_mask2 = _positive_and_negative(g, TEXT_DIM, tokens=_HUNYUAN_TEXT_LEN)
+def hunyuandit_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
+    clip_side = _masked_pair(g, INNER_DIM, tokens=_HUNYUAN_TEXT_LEN)
+    t5_side = _masked_pair(g, TEXT_DIM, tokens=_HUNYUAN_TEXT_LEN)
     return dict(
-        prompt_embeds=pos,
-        prompt_attention_mask=pos_mask,
-        negative_prompt_embeds=neg,
-        negative_prompt_attention_mask=neg_mask,
-        prompt_embeds_2=pos2,
-        prompt_attention_mask_2=pos_mask2,
-        negative_prompt_embeds_2=neg2,
-        negative_prompt_attention_mask_2=neg_mask2,
+        **clip_side,
+        **{f"{name}_2": value for name, value in t5_side.items()},
         guidance_scale=5.0,
         height=TOKEN_ROWS * 16,  # 8x VAE, patch 2
         width=TOKEN_COLS * 16,
@@ -237,7 +176,7 @@ def _hunyuandit_kwargs(g: torch.Generator) -> dict:
     )
 
 
-def _lumina2() -> Lumina2Pipeline:
+def lumina2() -> Lumina2Pipeline:
     transformer = Lumina2Transformer2DModel(
         sample_size=16,
         patch_size=2,
@@ -255,25 +194,21 @@ def _lumina2() -> Lumina2Pipeline:
         axes_lens=(64, 64, 64),
         cap_feat_dim=TEXT_DIM,
     )
-    vae = _kl_vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
+    vae = _vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
     scheduler = FlowMatchEulerDiscreteScheduler()
     return Lumina2Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None)
 
 
-def _lumina2_kwargs(g: torch.Generator) -> dict:
-    pos, pos_mask, neg, neg_mask = _positive_and_negative(g)
+def lumina2_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
     return dict(
-        prompt_embeds=pos,
-        prompt_attention_mask=pos_mask,
-        negative_prompt_embeds=neg,
-        negative_prompt_attention_mask=neg_mask,
+        **_masked_pair(g),
         guidance_scale=4.0,
         height=TOKEN_ROWS * 16,  # the pipeline assumes an 8x VAE; patch 2
         width=TOKEN_COLS * 16,
     )
 
 
-def _auraflow() -> AuraFlowPipeline:
+def auraflow() -> AuraFlowPipeline:
     transformer = AuraFlowTransformer2DModel(
         sample_size=16,
         patch_size=2,
@@ -287,27 +222,24 @@ def _auraflow() -> AuraFlowPipeline:
         out_channels=4,
         pos_embed_max_size=256,
     )
-    vae = _kl_vae()
+    vae = _vae()
     scheduler = FlowMatchEulerDiscreteScheduler()
     return AuraFlowPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
-def _auraflow_kwargs(g: torch.Generator) -> dict:
-    pos, pos_mask, neg, neg_mask = _positive_and_negative(g)
+def auraflow_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
+    prompts = _masked_pair(g)
     # AuraFlow's transformer takes no mask: its encode_prompt zeroes the padded rows of the embeddings instead.
-    neg = neg * neg_mask.unsqueeze(-1)
+    prompts["negative_prompt_embeds"] *= prompts["negative_prompt_attention_mask"].unsqueeze(-1)
     return dict(
-        prompt_embeds=pos,
-        prompt_attention_mask=pos_mask,
-        negative_prompt_embeds=neg,
-        negative_prompt_attention_mask=neg_mask,
+        **prompts,
         guidance_scale=3.5,
         height=TOKEN_ROWS * 16,  # 8x VAE, patch 2
         width=TOKEN_COLS * 16,
     )
 
 
-def _cogview4() -> CogView4Pipeline:
+def cogview4() -> CogView4Pipeline:
     transformer = CogView4Transformer2DModel(
         patch_size=2,
         in_channels=4,
@@ -320,25 +252,24 @@ def _cogview4() -> CogView4Pipeline:
         condition_dim=4,
         sample_size=16,
     )
-    vae = _kl_vae()
+    vae = _vae()
     scheduler = FlowMatchEulerDiscreteScheduler(
         base_shift=0.25, max_shift=0.75, base_image_seq_len=256, use_dynamic_shifting=True, time_shift_type="linear"
     )
     return CogView4Pipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
-def _cogview4_kwargs(g: torch.Generator) -> dict:
+def cogview4_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
     # CogView4 takes no text mask: its GLM prompts are left-padded to a multiple of 16 tokens and all attended.
     return dict(
-        prompt_embeds=_embeds(g),
-        negative_prompt_embeds=_embeds(g),
+        **prompt_pair(g, PROMPT_TOKENS, TEXT_DIM),
         guidance_scale=5.0,
         height=TOKEN_ROWS * 16,  # 8x VAE, patch 2
         width=TOKEN_COLS * 16,
     )
 
 
-def _qwenimage() -> QwenImagePipeline:
+def qwenimage() -> QwenImagePipeline:
     transformer = QwenImageTransformer2DModel(
         patch_size=2,
         in_channels=16,  # 4 latent channels, 2x2 packed by the pipeline
@@ -363,20 +294,20 @@ def _qwenimage() -> QwenImagePipeline:
     return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, transformer=transformer)
 
 
-def _qwenimage_kwargs(g: torch.Generator) -> dict:
-    pos, pos_mask, neg, neg_mask = _positive_and_negative(g)
+def qwenimage_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
+    prompts = _masked_pair(g)
     return dict(
-        prompt_embeds=pos,
-        prompt_embeds_mask=pos_mask,  # all ones: the pipeline drops it (None)
-        negative_prompt_embeds=neg,
-        negative_prompt_embeds_mask=neg_mask,
+        prompt_embeds=prompts["prompt_embeds"],
+        prompt_embeds_mask=prompts["prompt_attention_mask"],  # all ones: the pipeline drops it (None)
+        negative_prompt_embeds=prompts["negative_prompt_embeds"],
+        negative_prompt_embeds_mask=prompts["negative_prompt_attention_mask"],
         true_cfg_scale=4.0,
         height=TOKEN_ROWS * 8,  # 4x VAE, 2x2 packing
         width=TOKEN_COLS * 8,
     )
 
 
-def _chroma() -> ChromaPipeline:
+def chroma() -> ChromaPipeline:
     transformer = ChromaTransformer2DModel(
         patch_size=1,
         in_channels=16,  # 4 latent channels, 2x2 packed by the pipeline
@@ -390,27 +321,23 @@ def _chroma() -> ChromaPipeline:
         approximator_layers=1,
         approximator_num_channels=16,
     )
-    vae = _kl_vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
+    vae = _vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
     scheduler = FlowMatchEulerDiscreteScheduler()
     return ChromaPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, transformer=transformer)
 
 
-def _chroma_kwargs(g: torch.Generator) -> dict:
+def chroma_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
     # Boolean masks: the pipeline appends boolean ones for the image tokens, and the blocks turn the (B, text+image)
     # mask into a (B, 1, L, L) one. (ChromaPipeline's own text path makes float 0/1 masks, which SDPA adds as a bias.)
-    pos, pos_mask, neg, neg_mask = _positive_and_negative(g, mask_dtype=torch.bool)
     return dict(
-        prompt_embeds=pos,
-        prompt_attention_mask=pos_mask,
-        negative_prompt_embeds=neg,
-        negative_prompt_attention_mask=neg_mask,
+        **_masked_pair(g, dtype=torch.bool),
         guidance_scale=4.0,
         height=TOKEN_ROWS * 16,  # 8x VAE, 2x2 packing
         width=TOKEN_COLS * 16,
     )
 
 
-def _flux2() -> Flux2Pipeline:
+def flux2() -> Flux2Pipeline:
     transformer = Flux2Transformer2DModel(
         patch_size=1,
         in_channels=16,  # 4 latent channels, 2x2 patchified by the pipeline
@@ -422,51 +349,16 @@ def _flux2() -> Flux2Pipeline:
         timestep_guidance_channels=256,
         axes_dims_rope=(2, 2, 2, 2),
     )
-    vae = AutoencoderKLFlux2(  # 8x (and the pipeline's 2x2 patchify on top)
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(4, 4, 4, 4),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=1,
-        sample_size=32,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
+    vae = _vae(AutoencoderKLFlux2, use_quant_conv=False, use_post_quant_conv=False)  # and the pipeline's 2x2
     scheduler = FlowMatchEulerDiscreteScheduler()
     return Flux2Pipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, transformer=transformer)
 
 
-def _flux2_kwargs(g: torch.Generator) -> dict:
+def flux2_call(pipe: DiffusionPipeline, g: torch.Generator) -> dict:
     # Guidance-distilled: guidance_scale is embedded, there is no negative prompt and no CFG.
     return dict(
-        prompt_embeds=_embeds(g),
+        prompt_embeds=embeddings(g, PROMPT_TOKENS, TEXT_DIM),
         guidance_scale=4.0,
         height=TOKEN_ROWS * 16,  # 8x VAE, 2x2 patchify
         width=TOKEN_COLS * 16,
     )
-
-
-_BUILDERS = {
-    "sana": _sana,
-    "hunyuandit": _hunyuandit,
-    "lumina2": _lumina2,
-    "auraflow": _auraflow,
-    "cogview4": _cogview4,
-    "qwenimage": _qwenimage,
-    "chroma": _chroma,
-    "flux2": _flux2,
-}
-_CALL_KWARGS = {
-    "sana": _sana_kwargs,
-    "hunyuandit": _hunyuandit_kwargs,
-    "lumina2": _lumina2_kwargs,
-    "auraflow": _auraflow_kwargs,
-    "cogview4": _cogview4_kwargs,
-    "qwenimage": _qwenimage_kwargs,
-    "chroma": _chroma_kwargs,
-    "flux2": _flux2_kwargs,
-}
-assert tuple(_BUILDERS) == IMAGE_FAMILIES == tuple(_CALL_KWARGS)
