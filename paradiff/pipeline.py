@@ -38,6 +38,7 @@ from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
 from .runtime.distributed import RankGroup, can_join_world, ensure_process_group, env_world_size, local_device
+from .runtime.failures import meet_every_rank
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.step_state import StepState
@@ -236,8 +237,11 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         refusal = error  # raised once the ranks agree on what they run: a rank that differs is named instead
     if world_size == 1:
         return pipe
-    everyone = RankGroup.world(timedelta(seconds=config.timeout_s))
+    timeout = timedelta(seconds=config.timeout_s)
+    ensure_process_group(timeout)
     start_heartbeat()
+    meet_every_rank("parallelize()", timeout)
+    everyone = RankGroup.world(timeout)
     setup = describe_setup(pipe, config.as_options(), loaded_stage)
     agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
     if refusal is not None:
