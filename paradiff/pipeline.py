@@ -21,6 +21,7 @@ VAE decode, which it composes with whichever strategy runs within the batch halv
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 from dataclasses import dataclass
@@ -145,9 +146,7 @@ class AutoState:
             pipe.__class__ = auto_class
             raise
         del pipe._paradiff
-        picked = choice.prediction
-        split = strategy_class(picked.strategy).split_options(picked.cfg_parallel)
-        parallelize(pipe, strategy=picked.strategy, **self.options, **split, **picked.options)
+        parallelize(pipe, **{**self.options, **choice.prediction.parallelize_options()})
         pipe._paradiff.choice = choice
         return pipe._paradiff.call(pipe, stock_call, args, kwargs)
 
@@ -184,11 +183,15 @@ def plan_of(pipe):
     return state.choice
 
 
-class _ParallelCall:
-    """Mixed into a per-instance subclass: routes ``pipe(...)`` through :class:`ParallelState`."""
+def _parallel_call(cls: type):
+    """The ``__call__`` of ``cls``'s per-instance subclass: routes ``pipe(...)`` through the pipeline's state, and
+    keeps ``cls.__call__``'s name, docstring and signature (``inspect.signature`` still lists its arguments)."""
 
+    @functools.wraps(cls.__call__)
     def __call__(self, *args, **kwargs):
         return self._paradiff.call(self, self._paradiff.original_class.__call__, args, kwargs)
+
+    return __call__
 
 
 _SUBCLASSES: dict[type, type] = {}
@@ -196,7 +199,8 @@ _SUBCLASSES: dict[type, type] = {}
 
 def _parallel_class(cls: type) -> type:
     if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(cls.__name__, (_ParallelCall, cls), {"__module__": cls.__module__})
+        namespace = {"__module__": cls.__module__, "__call__": _parallel_call(cls)}
+        _SUBCLASSES[cls] = type(cls.__name__, (cls,), namespace)
     return _SUBCLASSES[cls]
 
 
