@@ -1,4 +1,4 @@
-"""``paradiff serve`` in a subprocess, on a free loopback port, always stopped: for the server's tests.
+"""``paradiff serve`` in a subprocess, on a free loopback port, always stopped: for the server's tests and benchmark.
 
 :class:`ServerProcess` starts ``python -m paradiff.cli serve ... --port 0``, reads the address it printed, and
 waits until ``/health`` says ready. Its ranks are found by their environment (``RANK``) among the server's
@@ -25,9 +25,15 @@ READY_S = 240.0
 
 
 class ServerProcess:
-    def __init__(self, *args: str, key: str | None = None, env: dict | None = None):
+    """``paradiff serve ARGS --port 0``; with ``torchrun=N``, on N ranks that ``torchrun`` starts (rank 0 answers)."""
+
+    def __init__(self, *args: str, key: str | None = None, env: dict | None = None, torchrun: int | None = None):
         command = [sys.executable, "-m", "paradiff.cli", "serve", *args, "--port", "0"]
-        environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        if torchrun is not None:
+            launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(torchrun), "--max-restarts", "0"]
+            launcher += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
+            command = [sys.executable, *launcher, *command[1:]]
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
         environment.pop("PARADIFF_API_KEY", None)
         if key is not None:
             environment["PARADIFF_API_KEY"] = key

@@ -1,9 +1,10 @@
 """``paradiff serve`` as a client sees it: a real server in a subprocess (2 CPU ranks, a built-in model, a free
 loopback port), driven by OpenAI's own client and by plain HTTP.
 
-One image server serves the whole module (it carries an API key, so the key is tested on it too); its last
-tests kill a rank and then SIGTERM it. A video server serves the video tests. Requests are small (64 or
-128 px, 2 to 3 steps), so each costs well under a second of the ranks' time.
+One image server (paradiff's launcher) serves most of the module (it carries an API key, so the key is tested
+on it too); its last tests kill a rank and then SIGTERM it. A video server, started under torchrun, serves the
+video test. Requests are small (64 or 128 px, 2 to 3 steps), so each costs well under a second of the ranks'
+time.
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(server):
 
 @pytest.fixture(scope="module")
 def video_server():
-    started = ServerProcess("--model", "paradiff-tiny-video", "--nproc", "2", "--threads", "1", "--steps", "3")
+    """Under torchrun: the same entry on ranks the user launched (rank 0 answers)."""
+    started = ServerProcess("--model", "paradiff-tiny-video", "--threads", "1", "--steps", "3", torchrun=2)
     try:
         started.wait_ready()
         yield started
