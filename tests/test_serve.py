@@ -10,7 +10,10 @@ time.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+import re
+import shlex
 import threading
 import time
 import warnings
@@ -22,7 +25,7 @@ import openai
 import psutil
 import pytest
 from PIL import Image
-from serve_process import ServerProcess
+from serve_process import ROOT, ServerProcess
 
 KEY = "serve-test-key"
 MODEL = "paradiff-tiny"
@@ -267,3 +270,33 @@ def test_the_openai_client_gets_a_video_job_and_its_mp4(video_server):
     assert refused.status_code == 400 and "draws 16 frames" in refused.json()["error"]["message"]
     images = video_server.http.post("/v1/images/generations", json={"prompt": "a circle"})
     assert images.status_code == 400 and "makes videos" in images.json()["error"]["message"]
+
+
+def _serve_example(path) -> tuple[str, str]:
+    """The ``paradiff serve`` command of ``path`` (``pip install ... &&`` dropped) and the Python client after it."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", path.read_text(), re.S | re.M)
+    index = next(i for i, (_, body) in enumerate(blocks) if "paradiff serve --model" in body)
+    command = blocks[index][1].strip().split("&&")[-1].strip()
+    client = next(body for language, body in blocks[index + 1 :] if language == "python")
+    return command, client
+
+
+@pytest.mark.timeout(600)
+def test_the_readme_serve_command_and_client_run_as_written(tmp_path, monkeypatch):
+    """The README's command (on a free port instead of 8000), then its Python client against it."""
+    command, client = _serve_example(ROOT / "README.md")
+    assert _serve_example(ROOT / "docs" / "serve.md") == (command, client), "README and docs/serve.md show one example"
+    words = shlex.split(command)
+    assert words[:2] == ["paradiff", "serve"]
+    started = ServerProcess(*words[2:])
+    try:
+        started.wait_ready()
+        monkeypatch.chdir(tmp_path)
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+            exec(client.replace("http://127.0.0.1:8000", started.url), {})
+        assert Image.open(tmp_path / "square.png").size == (128, 128)
+        assert "'strategy':" in output.getvalue() and "'why':" in output.getvalue()
+        assert started.stop() == 0
+    finally:
+        started.kill()
