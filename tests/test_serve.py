@@ -235,6 +235,24 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(server):
     assert not [rank for rank in ranks if rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.timeout(600)
+def test_one_rank_serves_and_a_server_out_of_restarts_exits_1():
+    """One device (``--nproc 1``: a worker of its own), and ``--max-restarts 0``: the first lost rank fails it."""
+    alone = ServerProcess("--model", MODEL, "--nproc", "1", "--threads", "1", "--steps", "3", "--max-restarts", "0")
+    try:
+        alone.wait_ready()
+        first = _draw(alone, seed=1)
+        assert first.status_code == 200 and first.json()["paradiff"]["strategy"] == "one device", first.text
+        thread, reply = _in_flight(alone, {"size": "128x128", "num_inference_steps": 50})
+        alone.ranks()[0].kill()
+        thread.join(120)
+        assert reply["answer"].status_code == 503 and "rank 0 " in reply["answer"].json()["error"]["message"]
+        assert alone.process.wait(120) == 1
+        assert "gave up after 0 restarts in a row" in "".join(alone.errors)
+    finally:
+        alone.kill()
+
+
 @pytest.fixture(scope="module")
 def video_server():
     """Under torchrun: the same entry on ranks the user launched (rank 0 answers)."""
