@@ -208,6 +208,22 @@ def _in_flight(server, body: dict) -> tuple[threading.Thread, dict]:
     return thread, reply
 
 
+@pytest.mark.timeout(600)
+def test_a_client_gone_before_its_request_starts_is_dropped(server):
+    calls = server.metric("paradiff_step_seconds_count")
+    cancelled = server.metric('paradiff_requests_total{outcome="cancelled"}')
+    thread, reply = _in_flight(server, {"size": "128x128", "num_inference_steps": 30, "strategy": "cfg"})
+    with pytest.raises(httpx.TimeoutException):  # queued behind the first; the client gives up and disconnects
+        server.http.post("/v1/images/generations", json={"prompt": PROMPT, "size": "64x64"}, timeout=1.0)
+    thread.join(120)
+    assert reply["answer"].status_code == 200
+    deadline = time.monotonic() + 30
+    while server.metric('paradiff_requests_total{outcome="cancelled"}') == cancelled and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.metric('paradiff_requests_total{outcome="cancelled"}') == cancelled + 1
+    assert server.metric("paradiff_step_seconds_count") == calls + 1, "the dropped request never ran"
+
+
 @pytest.mark.timeout(900)
 def test_a_rank_killed_mid_request_is_named_and_the_ranks_restart(server):
     restarts = server.metric("paradiff_restarts_total")

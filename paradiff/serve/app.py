@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from .card import VIDEO_FPS
@@ -56,6 +57,26 @@ async def _body(http: Request) -> dict:
     return body
 
 
+class Authorize:
+    """Every route but ``/health`` answers 401 without ``Authorization: Bearer KEY``.
+
+    Plain ASGI: Starlette's ``BaseHTTPMiddleware`` would hide a client's disconnect from the routes (the queue
+    drops a request whose client left before it started).
+    """
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+                error = ApiError(401, "a valid API key is needed: send the header Authorization: Bearer KEY")
+                await _error(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(settings: ServeSettings, scheduler: Scheduler, ranks, stop_server) -> FastAPI:
     started = int(time.time())
     key = settings.key
@@ -71,14 +92,8 @@ def build_app(settings: ServeSettings, scheduler: Scheduler, ranks, stop_server)
 
     app = FastAPI(title="paradiff", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def authorize(http: Request, call_next):
-        if key is not None and http.url.path != "/health":
-            given = http.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-                return _error(ApiError(401, "a valid API key is needed: send the header Authorization: Bearer KEY"))
-        return await call_next(http)
+    if key is not None:
+        app.add_middleware(Authorize, key=key)
 
     @app.exception_handler(ApiError)
     async def api_error(http: Request, error: ApiError):
