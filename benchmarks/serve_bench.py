@@ -29,16 +29,20 @@ def mix(sizes: list[int], guidance: list[float]) -> list[dict]:
     return [{"size": f"{size}x{size}", "guidance_scale": scale} for size in sizes for scale in guidance]
 
 
-def _post(server: ServerProcess, body: dict) -> tuple[int, float, int]:
+def _post(server: ServerProcess, body: dict) -> tuple[int, float, dict]:
+    """The status, the client's seconds and the reply's ``paradiff`` object (its ``images``; empty if refused)."""
     start = time.perf_counter()
     reply = server.http.post("/v1/images/generations", json={"prompt": PROMPT, "seed": 0, **body})
     seconds = time.perf_counter() - start
-    return reply.status_code, seconds, len(reply.json().get("data", [])) if reply.status_code == 200 else 0
+    if reply.status_code != 200:
+        return reply.status_code, seconds, {}
+    return reply.status_code, seconds, {**reply.json()["paradiff"], "images": len(reply.json()["data"])}
 
 
-def _figures(answers: list[tuple[int, float, int]], wall_s: float) -> dict:
+def _figures(answers: list[tuple[int, float, dict]], wall_s: float) -> dict:
     served = [seconds for status, seconds, _ in answers if status == 200]
-    images = sum(count for _, _, count in answers)
+    images = sum(report.get("images", 0) for _, _, report in answers)
+    batches = [report["batch"] for _, _, report in answers if report]
     return {
         "requests": len(answers),
         "served": len(served),
@@ -46,6 +50,7 @@ def _figures(answers: list[tuple[int, float, int]], wall_s: float) -> dict:
         "p95_s": float(np.percentile(served, 95)) if served else None,
         "images_per_minute": 60 * images / wall_s,
         "wall_s": wall_s,
+        "mean_batch": float(np.mean(batches)) if batches else None,
     }
 
 
@@ -67,6 +72,10 @@ def run_setting(args, nproc: int, strategy: str, requests: list[dict]) -> dict:
         answers = [_post(server, body) for _ in range(args.repeat) for body in requests]
         figures = _figures(answers, time.perf_counter() - start)
         figures["first_of_each_shape_s"] = sum(seconds for _, seconds, _ in planning)
+        figures["ran_under"] = {
+            f"{body['size']} g{body['guidance_scale']:g}": report.get("strategy", f"refused ({status})")
+            for body, (status, _, report) in zip(requests, answers, strict=False)
+        }
         return figures
     finally:
         server.stop()
@@ -123,11 +132,14 @@ def main() -> None:
     print("| setting | served | p50 s | p95 s | images/min | vs one device |\n|---|---|---|---|---|---|")
     for name, figures in results.items():
         print(_row(name, figures, None if name == "one device" else base))
+    picks = "; ".join(f"{shape}: {label}" for shape, label in results["2 ranks, auto"]["ran_under"].items())
+    print(f"\nauto ran: {picks}")
     if batching:
         print(f"\nbatching: 4 clients at once, {args.sizes[0]} px guided, 2 ranks cfg")
         print("| --max-batch | served | p50 s | p95 s | images/min | vs 1 |\n|---|---|---|---|---|---|")
         for max_batch, figures in batching.items():
             print(_row(str(max_batch), figures, None if max_batch == 1 else batching[1]))
+            print(f"  mean requests per call: {figures['mean_batch']:.2f}")
     with open(args.out, "w") as out:
         json.dump({"args": vars(args), "mix": requests, "settings": results, "batching": batching}, out, indent=2)
 

@@ -42,7 +42,8 @@ def label_of(options: dict) -> str:
     if not options:
         return "one device"
     name = options["strategy"]
-    extra = "".join(f" {key}={value}" for key, value in options.items() if key not in ("strategy", "warmup_steps"))
+    shown = {key: value for key, value in options.items() if key not in ("strategy", "warmup_steps")}
+    extra = "".join(f" {key}={value}" for key, value in shown.items() if value is not False)  # no cfg_parallel=False
     warmup = "" if name == "auto" or always_exact(name) else f", warm-up {options['warmup_steps']}"
     return f"{name}{extra}{warmup}"
 
