@@ -12,8 +12,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -267,6 +271,34 @@ def test_one_rank_serves_and_a_server_out_of_restarts_exits_1():
         assert "gave up after 0 restarts in a row" in "".join(alone.errors)
     finally:
         alone.kill()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--port", "{busy}"], "cannot listen on 127.0.0.1:{busy}: Address already in use; pick another --port"),
+        (["--strategy", "cfg", "--nproc", "3"], "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3"),
+        (["--max-queue", "-1"], "--max-queue must be at least 0"),
+    ],
+)
+def test_a_server_that_cannot_start_says_why_before_loading(args, says):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        command = [
+            sys.executable,
+            "-m",
+            "paradiff.cli",
+            "serve",
+            "--model",
+            MODEL,
+            *(a.format(busy=port) for a in args),
+        ]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
+    assert done.returncode == 2 and says.format(busy=port) in done.stderr, done.stderr[-1000:]
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+from ..devices import DTYPES
 from ..errors import ParadiffError
 from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model
 from ..serve.settings import API_KEY_ENV, Limits, ServeSettings
-from .checks import resolve_nproc, threads_per_rank
+from .checks import check_world, resolve_nproc, threads_per_rank
 
 #: Packages only ``paradiff serve`` needs: the ``serve`` extra.
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")
@@ -62,7 +63,12 @@ def add_serve_parser(commands, formatter_class) -> None:
         help="what auto may pick for a request that does not say: exact strategies only, or all",
     )
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="where the ranks run")
-    parser.add_argument("--dtype", default="auto", help="weights and activations (auto: float16 on CUDA, else float32)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", *DTYPES),
+        help="weights and activations (auto: float16 on CUDA, float32 on the CPU)",
+    )
     parser.add_argument("--threads", type=int, help="torch threads per rank (default: CPU cores / ranks)")
     parser.add_argument(
         "--timeout", type=float, default=600.0, metavar="SECONDS", help="the longest one rank waits for another"
@@ -115,6 +121,7 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
     if args.strategy != "auto" and args.strategy not in strategy_names():
         raise ParadiffError(f"unknown --strategy {args.strategy!r}; use auto or one of {', '.join(strategy_names())}")
     nproc = resolve_nproc(args)
+    check_world(args.strategy, nproc)
     limits = Limits(args.max_n, args.max_steps, args.max_frames, args.max_prompt_chars, args.max_size)
     return ServeSettings(
         model=args.model,
