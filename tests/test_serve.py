@@ -278,7 +278,6 @@ def test_one_rank_serves_and_a_server_out_of_restarts_exits_1():
     [
         (["--port", "{busy}"], "cannot listen on 127.0.0.1:{busy}: Address already in use; pick another --port"),
         (["--strategy", "cfg", "--nproc", "3"], "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3"),
-        (["--max-queue", "-1"], "--max-queue must be at least 0"),
     ],
 )
 def test_a_server_that_cannot_start_says_why_before_loading(args, says):
