@@ -3,8 +3,9 @@
 :class:`LaunchedRanks` runs the ranks as worker processes of paradiff's launcher (:func:`paradiff.launch.run_on_ranks`),
 rank 0 connected to the front through a Unix socket in a private folder. The launcher watches every worker (an
 exit, a signal, five silent seconds), stops them all at the first failure and says which rank it was; the
-front stays up, answers the batch in flight 503, and starts a new group, which loads the model again. After
-``--max-restarts`` restarts in a row without a request served between them, it gives up: the server fails.
+front stays up, answers the batch in flight 503, and starts a new group, which loads the model again (also when
+a rank is lost while loading; a refusal every rank raises, a model that cannot load, fails the server at once).
+After ``--max-restarts`` restarts in a row without a request served between them, it gives up: the server fails.
 
 :class:`LocalRanks` is rank 0 of a ``torchrun`` job: the ranks' loop runs in a thread of the front's own process.
 A lost rank fails the server (its process exits 1); restarting the job is torchrun's (``--max-restarts``).
@@ -95,18 +96,18 @@ class LaunchedRanks:
                 link.send(("stop",))
 
     def _supervise(self, scheduler) -> None:
-        ever_ready = False
         while True:
             ready = threading.Event()
-            error = self._run_group(scheduler, ready)
-            ever_ready = ever_ready or ready.is_set()
+            error, refused = self._run_group(scheduler, ready)
             if self.stopping.is_set():
+                return
+            if refused:  # the model or the settings cannot run: starting again would not help
+                scheduler.event("failed", f"the ranks could not start: {error}")
                 return
             if error is None:
                 error = "the ranks stopped on their own"
-            if not ever_ready:
-                scheduler.event("failed", f"the ranks could not start: {error}")
-                return
+            if not ready.is_set():
+                error = f"the ranks failed while loading: {error}"
             self.restarts_in_a_row += 1
             limit = self.settings.max_restarts
             if self.restarts_in_a_row > limit:
@@ -115,11 +116,13 @@ class LaunchedRanks:
             say(f"{error}; restarting the ranks ({self.restarts_in_a_row} of at most {limit} in a row)")
             scheduler.event("lost", error)
 
-    def _run_group(self, scheduler, ready: threading.Event) -> str | None:
-        """Run one group of ranks until it ends; what ended it (None: asked to stop)."""
+    def _run_group(self, scheduler, ready: threading.Event) -> tuple[str | None, bool]:
+        """Run one group of ranks until it ends; what ended it (None: asked to stop), and whether it was a refusal
+        every rank raised (a :class:`~paradiff.errors.ParadiffError`: bad settings or a model that cannot load)."""
+        from ..errors import ParadiffError
         from ..launch import run_on_ranks
 
-        failure: list[str] = []
+        failure: list[tuple[str, bool]] = []
 
         def run() -> None:
             settings = self.settings
@@ -135,7 +138,7 @@ class LaunchedRanks:
                 )
             except BaseException as error:
                 log = getattr(error, "log", None)
-                failure.append(f"{error} (details in {log})" if log else str(error))
+                failure.append((f"{error} (details in {log})" if log else str(error), isinstance(error, ParadiffError)))
 
         runner = threading.Thread(target=run, name="paradiff-launcher", daemon=True)
         runner.start()
@@ -148,7 +151,7 @@ class LaunchedRanks:
             self.link = None
             link.close()
         runner.join()
-        return failure[0] if failure else None
+        return failure[0] if failure else (None, False)
 
     def _accept(self, runner: threading.Thread) -> SocketLink | None:
         """Rank 0's connection, or None if the ranks ended before it connected."""
