@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import hmac
+import json
 import time
 from contextlib import asynccontextmanager
 
@@ -47,8 +48,6 @@ async def _body(http: Request) -> dict:
     if len(raw) > BODY_LIMIT:
         raise ApiError(413, f"the request body is {len(raw)} bytes; this server takes at most {BODY_LIMIT}")
     try:
-        import json
-
         body = json.loads(raw)
     except ValueError:
         raise ApiError(400, "the request body must be a JSON object") from None
