@@ -21,6 +21,7 @@ VAE decode, which it composes with whichever strategy runs within the batch halv
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
 from .runtime.distributed import RankGroup, can_join_world, ensure_process_group, env_world_size, local_device
+from .runtime.failures import meet_every_rank
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.step_state import StepState
@@ -144,9 +146,7 @@ class AutoState:
             pipe.__class__ = auto_class
             raise
         del pipe._paradiff
-        picked = choice.prediction
-        split = strategy_class(picked.strategy).split_options(picked.cfg_parallel)
-        parallelize(pipe, strategy=picked.strategy, **self.options, **split, **picked.options)
+        parallelize(pipe, **{**self.options, **choice.prediction.parallelize_options()})
         pipe._paradiff.choice = choice
         return pipe._paradiff.call(pipe, stock_call, args, kwargs)
 
@@ -183,11 +183,15 @@ def plan_of(pipe):
     return state.choice
 
 
-class _ParallelCall:
-    """Mixed into a per-instance subclass: routes ``pipe(...)`` through :class:`ParallelState`."""
+def _parallel_call(cls: type):
+    """The ``__call__`` of ``cls``'s per-instance subclass: routes ``pipe(...)`` through the pipeline's state, and
+    keeps ``cls.__call__``'s name, docstring and signature (``inspect.signature`` still lists its arguments)."""
 
+    @functools.wraps(cls.__call__)
     def __call__(self, *args, **kwargs):
         return self._paradiff.call(self, self._paradiff.original_class.__call__, args, kwargs)
+
+    return __call__
 
 
 _SUBCLASSES: dict[type, type] = {}
@@ -195,7 +199,8 @@ _SUBCLASSES: dict[type, type] = {}
 
 def _parallel_class(cls: type) -> type:
     if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(cls.__name__, (_ParallelCall, cls), {"__module__": cls.__module__})
+        namespace = {"__module__": cls.__module__, "__call__": _parallel_call(cls)}
+        _SUBCLASSES[cls] = type(cls.__name__, (cls,), namespace)
     return _SUBCLASSES[cls]
 
 
@@ -236,8 +241,11 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         refusal = error  # raised once the ranks agree on what they run: a rank that differs is named instead
     if world_size == 1:
         return pipe
-    everyone = RankGroup.world(timedelta(seconds=config.timeout_s))
+    timeout = timedelta(seconds=config.timeout_s)
+    ensure_process_group(timeout)
     start_heartbeat()
+    meet_every_rank("parallelize()", timeout)
+    everyone = RankGroup.world(timeout)
     setup = describe_setup(pipe, config.as_options(), loaded_stage)
     agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
     if refusal is not None:

@@ -1,4 +1,5 @@
-"""A rank killed or frozen mid-call: the others raise a PeerFailure naming it, soon, and nothing is left running."""
+"""A rank killed or frozen mid-call: every other rank raises a PeerFailure naming it (the one lost first, not a rank
+that left because of it), soon, and nothing is left running; a rank that never reaches parallelize() is named too."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from peer_failure_job import FAILING_STEP, TIMEOUT_S, run_rank
+from peer_failure_job import FAILING_STEP, TIMEOUT_S, late_rank, run_rank
 
 import paradiff
 from paradiff.runtime.liveness import WATCH_S
 
 JOB = Path(__file__).with_name("peer_failure_job.py")
+#: Ranks of the job: enough that a survivor's neighbour leaves (after reporting) before a third rank looks.
+WORLD = 4
+LOST = WORLD - 1
 #: Seconds a survivor may take beyond the timeout (a frozen peer) to watch the heartbeats and report.
 REPORT_S = WATCH_S + 8
 
@@ -54,27 +58,31 @@ def _wake_stopped(pid: int, within_s: float = 60) -> None:
 
 def _check_failure(report: dict, mode: str) -> None:
     error = report["error"]
-    assert error is not None, "the survivor raised no PeerFailure"
-    assert error.startswith("rank 1 "), error
-    assert ("died" if mode == "kill" else "stopped responding") in error, error
-    assert f"at step {FAILING_STEP + 1}" in error and f"timeout_s={TIMEOUT_S:g}" in error, error
+    assert error is not None, f"rank {report['rank']} raised no PeerFailure"
+    assert error.startswith(f"rank {LOST} "), error
+    assert ("died (its process is gone)" if mode == "kill" else "stopped responding") in error, error
+    assert f"at step {FAILING_STEP}" in error and f"timeout_s={TIMEOUT_S:g}" in error, error
     limit = REPORT_S + (TIMEOUT_S if mode == "stop" else 0)
     assert report["seconds"] < limit, f"reported after {report['seconds']:.1f} s"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_a_lost_rank_is_named_without_torchrun(tmp_path, mode):
+def test_every_survivor_names_the_lost_rank_without_torchrun(tmp_path, mode):
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    ranks = [context.Process(target=run_rank, args=(rank, mode, str(tmp_path / "store"), results)) for rank in (0, 1)]
+    store = str(tmp_path / "store")
+    ranks = [context.Process(target=run_rank, args=(rank, WORLD, mode, store, results)) for rank in range(WORLD)]
     for process in ranks:
         process.start()
     try:
-        report = results.get(timeout=90)
-        ranks[0].join(30)
-        assert ranks[0].exitcode == 0, "the survivor's process ends once it has raised"
-        _check_failure(report, mode)
+        reports = sorted((results.get(timeout=90) for _ in range(WORLD - 1)), key=lambda report: report["rank"])
+        assert [report["rank"] for report in reports] == list(range(LOST))
+        for report in reports:
+            _check_failure(report, mode)
+        for process in ranks[:LOST]:
+            process.join(30)
+            assert process.exitcode == 0, "a survivor's process ends once it has raised"
     finally:
         for process in ranks:
             process.kill()
@@ -83,10 +91,14 @@ def test_a_lost_rank_is_named_without_torchrun(tmp_path, mode):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_a_lost_rank_is_named_under_torchrun(mode):
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0"]
+def test_every_survivor_names_the_lost_rank_under_torchrun(mode):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--max-restarts", "0"]
     command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--monitor-interval", "0.1"]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(JOB.parent)}
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": os.pathsep.join([str(JOB.parent), str(JOB.parents[1])]),
+    }
     start = time.monotonic()
     launched = subprocess.Popen(
         [*command, str(JOB), mode],
@@ -97,44 +109,98 @@ def test_a_lost_rank_is_named_under_torchrun(mode):
         start_new_session=True,
     )
     try:
-        if mode == "stop":
-            first = launched.stdout.readline()  # the survivor's; torchrun's SIGTERM cannot end a stopped rank,
-            _wake_stopped(launched.pid)  # so torchrun would wait out its 30 s grace before SIGKILL
+        first = ""
+        if mode == "stop":  # every survivor's line (read whole: communicate() skips what readline() buffered); then,
+            first = "".join(launched.stdout.readline() for _ in range(LOST))  # as torchrun's SIGTERM cannot end a
+            _wake_stopped(launched.pid)  # stopped rank, it is woken, or torchrun would wait out its 30 s grace
         out, err = launched.communicate(timeout=150)
-        out = first + out if mode == "stop" else out
+        out = first + out
     finally:
         os.killpg(launched.pid, signal.SIGKILL) if launched.poll() is None else None
     seconds = time.monotonic() - start
     assert launched.returncode != 0, "torchrun reports the failed job"
     reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    if mode == "stop":  # the agent cannot see a frozen rank: the survivor names it
-        assert [report["rank"] for report in reports] == [0], out + err[-2000:]
-        _check_failure(reports[0], mode)
-    else:  # the agent sees the death at once and ends the job; the survivor names it if it gets there first
-        assert "exitcode  : -9" in err or any(report["error"] for report in reports), err[-2000:]
-        for report in reports:
-            _check_failure(report, mode)
+    if mode == "stop":  # the agent cannot see a frozen rank: every survivor names it, then exits
+        assert sorted(report["rank"] for report in reports) == list(range(LOST)), out + err[-2000:]
+    else:  # the agent sees the death at once and ends the job; a survivor names it if it gets there first
+        assert "exitcode  : -9" in err or reports, err[-2000:]
         assert seconds < 60
+    for report in reports:
+        _check_failure(report, mode)
     leftover = subprocess.run(["pgrep", "-f", str(JOB)], capture_output=True, text=True).stdout.split()
     assert not [pid for pid in leftover if _alive(int(pid))], "no rank is left running"
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_that_never_reaches_parallelize_is_named(tmp_path):
+    """Not torch's "wait timeout" from inside its group creation, which names no rank."""
+    context = multiprocessing.get_context("spawn")
+    results, done = context.Queue(), context.Event()
+    ranks = [context.Process(target=late_rank, args=(rank, str(tmp_path / "store"), done, results)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    try:
+        report = results.get(timeout=90)
+    finally:
+        done.set()
+        for process in ranks:
+            process.join(10)
+            process.kill()
+    assert report["error"] is not None, "rank 0 went on without rank 1"
+    assert report["error"].startswith(f"rank 1 did not reach parallelize() within timeout_s={TIMEOUT_S:g}"), report
+    assert "rank 1 has shown no sign of life to paradiff" in report["error"], report
+    assert report["seconds"] < TIMEOUT_S + REPORT_S, report
+
+
+def test_a_late_rank_is_told_apart_by_its_heartbeat(monkeypatch):
+    from datetime import timedelta
+
+    from paradiff.runtime import failures, liveness
+
+    monkeypatch.setattr(failures, "arrive", lambda timeout_s: [1, 2, 3])
+    found = {1: "alive", 2: liveness.DEAD, 3: "unseen"}
+    monkeypatch.setattr(failures, "whereabouts", lambda ranks: found)
+    with pytest.raises(paradiff.PeerFailure) as raised:
+        failures.meet_every_rank("parallelize()", timedelta(seconds=5))
+    message = str(raised.value)
+    assert message.startswith("ranks 1, 2, 3 did not reach parallelize() within timeout_s=5"), message
+    assert "rank 1 is running but elsewhere in its program; rank 2 died (its process is gone); rank 3 has" in message
+    monkeypatch.setattr(failures, "arrive", lambda timeout_s: [])
+    failures.meet_every_rank("parallelize()", timedelta(seconds=5))  # every rank came: nothing raised
+
+
 @pytest.mark.parametrize(
-    ("silent", "transport_says", "expected"),
+    ("loss", "transport_says", "expected"),
     [
-        ([1], "Connection closed by peer [127.0.0.1]:947", "rank 1 died (its connection closed) during the all-gather"),
-        ([2], "Operation timed out!", "rank 2 stopped responding (no sign of life for"),
-        ([], "Operation timed out!", "got no answer within timeout_s=4, though ranks 1, 2 are alive"),
-        ([], "Connection closed by peer", "ranks 1, 2 closed the connection during the all-gather at step 3 while"),
+        (
+            (1,),
+            "Connection closed by peer [127.0.0.1]:947",
+            "rank 1 died (its connection closed) during the all-gather",
+        ),
+        ((2,), "Operation timed out!", "rank 2 stopped responding (no sign of life for"),
+        (
+            (3, "dead", 0),
+            "Operation timed out!",
+            "rank 3 died (its process is gone) during the all-gather at step 3 (rank 0",
+        ),
+        ((2, "frozen"), "Connection closed by peer", "rank 2 stopped responding (its process is there, but silent)"),
+        ((), "Operation timed out!", "got no answer within timeout_s=4, though ranks 1, 2 are alive"),
+        ((), "Connection closed by peer", "ranks 1, 2 closed the connection during the all-gather at step 3 while"),
         (None, "Application timeout caused pair closure", "(no answer within timeout_s=4), and the rendezvous store"),
     ],
 )
-def test_the_failure_names_who_from_the_heartbeats(monkeypatch, silent, transport_says, expected):
+def test_the_failure_names_who_from_the_heartbeats(monkeypatch, loss, transport_says, expected):
+    """``loss``: (lost rank, how its process was found, the rank that saw it first), () all alive, None no store."""
     from datetime import timedelta
 
-    from paradiff.runtime import failures
+    from paradiff.runtime import failures, liveness
 
-    monkeypatch.setattr(failures, "silent_ranks", lambda ranks: silent)
+    if loss:
+        how = {"dead": liveness.DEAD, "frozen": liveness.FROZEN}.get(loss[1] if len(loss) > 1 else "", liveness.SILENT)
+        loss = liveness.Loss((loss[0],), (how,), loss[2] if len(loss) > 2 else -1)
+    elif loss == ():
+        loss = liveness.Loss()
+    monkeypatch.setattr(failures, "lost_ranks", lambda ranks: loss)
     error = RuntimeError(transport_says)
     assert failures.is_transport_failure(error) and not failures.is_transport_failure(ValueError("bad height"))
     failure = failures.peer_failure(error, "the all-gather at step 3", [1, 2], timedelta(seconds=4))

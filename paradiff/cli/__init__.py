@@ -1,9 +1,10 @@
-"""The paradiff command line: generate, bench and plan on N ranks.
+"""The paradiff command line: generate, bench, plan and serve on N ranks.
 
 Commands:
   generate   draw an image or a video on N ranks, beside the same picture from one device
   bench      time and score every strategy and warm-up against one device; writes a report
   plan       predict which strategy pays on a model, size and machine, before running anything
+  serve      keep the model loaded on N ranks and answer an OpenAI-compatible HTTP API
 
 Exit status: 0 done; 2 bad input (one line on stderr, found before anything is drawn); 1 any other
 failure (one line on stderr naming the log that holds the tracebacks); 130 interrupted (Ctrl-C);
@@ -45,6 +46,7 @@ from ..plan.hardware import hardware_names
 from ..strategies import strategy_names
 from .argument_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
 from .generate_job import GenerateJob, check_outputs, generate_on_rank
+from .serve_command import add_serve_parser
 from .summary import generate_json, summary_lines, times_sign
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
@@ -395,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(pla, "the plan (the machine, every prediction, the fastest and what to run)")
     pla.add_argument(ALLOW_PICKLE_FLAG, action="store_true", help="also load pickled weights (.bin, .pt)")
     pla.set_defaults(func=plan)
+    add_serve_parser(commands, _HelpFormatter)
     return parser
 
 

@@ -102,6 +102,7 @@ def run_on_ranks(
     device: str = "auto",
     verbose: bool = False,
     timeout: timedelta = DEFAULT_TIMEOUT,
+    spawn_always: bool = False,
 ):
     """``fn(*args)`` on every rank; returns rank 0's result.
 
@@ -114,9 +115,10 @@ def run_on_ranks(
     write their output to the log rather than to this process's stdout and stderr.
 
     Raises the first rank's :class:`ParadiffError` as a :class:`ParadiffError`, and :class:`RanksFailed`
-    when a rank raised anything else or died; no worker outlives this call.
+    when a rank raised anything else or died; no worker outlives this call. ``spawn_always`` starts a worker
+    for one rank too (a server's front must outlive its ranks).
     """
-    if under_torchrun() or nproc == 1:
+    if under_torchrun() or nproc == 1 and not spawn_always:
         return fn(*args)
     if device not in ("auto", "cuda", "cpu"):
         raise ParadiffError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")

@@ -63,6 +63,11 @@ class Prediction:
         options = "".join(f" {name}={value}" for name, value in self.options.items())
         return f"{self.strategy}{options}{' + cfg_parallel' if self.cfg_parallel else ''}"
 
+    def parallelize_options(self) -> dict:
+        """The keywords of the ``paradiff.parallelize`` call that runs this setting (``strategy`` included)."""
+        split = strategy_class(self.strategy).split_options(self.cfg_parallel)
+        return {"strategy": self.strategy, "warmup_steps": self.warmup_steps, **split, **self.options}
+
 
 def decode_fixed(cost: tuple[float, int, str] | None, hardware: Hardware, banded: bool = True) -> Fixed:
     """The parts outside the loop from the decode's ``(FLOPs, operations, dtype)`` (None: nothing is costed)."""
