@@ -375,6 +375,10 @@ def _check_call_value(pipe, key: str, value) -> None:
         )
 
 
+#: The call arguments that draw several pictures of one prompt (image and video pipelines).
+PER_PROMPT_ARGUMENTS = ("num_images_per_prompt", "num_videos_per_prompt")
+
+
 def call_parameters(pipe) -> set[str]:
     """The keyword arguments ``pipe(...)`` takes."""
     return set(inspect.signature(type(pipe).__call__).parameters)

@@ -22,6 +22,7 @@ import numpy as np
 from ..devices import rank_device, torch_dtype
 from ..errors import ParadiffError, ParadiffWarning
 from ..loading import (
+    PER_PROMPT_ARGUMENTS,
     RANDOM_MODELS,
     TRAINED_MODELS,
     default_height,
@@ -143,10 +144,6 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
         height = None if _bins_resolution(pipe, inputs) else job.size or default_height(pipe)
         paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
     return GeneratePlan(call_kwargs, paths, video, per_prompt)
-
-
-#: The call arguments that draw several pictures of one prompt (image and video pipelines).
-PER_PROMPT_ARGUMENTS = ("num_images_per_prompt", "num_videos_per_prompt")
 
 
 def _picture_count(value) -> int:

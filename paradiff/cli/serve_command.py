@@ -13,7 +13,7 @@ from ..devices import DTYPES
 from ..errors import ParadiffError
 from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model
 from ..serve.settings import API_KEY_ENV, Limits, ServeSettings
-from .checks import check_world, resolve_nproc, threads_per_rank
+from .argument_checks import check_world, resolve_nproc, threads_per_rank
 
 #: Packages only ``paradiff serve`` needs: the ``serve`` extra.
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")

@@ -171,8 +171,7 @@ def call_inputs(pipe, model: str, batch: Batch) -> dict:
     """The keyword arguments of the pipeline call that draws every request of ``batch`` (one shape)."""
     import torch
 
-    from ..cli.generate_job import PER_PROMPT_ARGUMENTS
-    from ..loading import call_parameters, frames_parameter, prompt_kwargs
+    from ..loading import PER_PROMPT_ARGUMENTS, call_parameters, frames_parameter, prompt_kwargs
 
     first = batch.requests[0]
     inputs = prompt_kwargs(pipe, model, first.prompt, guidance=first.guidance, negative_prompt=first.negative_prompt)
