@@ -92,8 +92,8 @@ def generate(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
     )
     check_outputs(job)  # before the world check, which imports diffusers
-    check_world(strategy, nproc)
     with quiet_output(args.verbose, libraries=False):
+        check_world(strategy, nproc)
         check_model(job.model)
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
         report = run_on_ranks(

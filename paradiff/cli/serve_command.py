@@ -11,6 +11,7 @@ import importlib.util
 
 from ..devices import DTYPES
 from ..errors import ParadiffError
+from ..launch.quiet import quiet_output
 from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model
 from ..serve.settings import API_KEY_ENV, Limits, ServeSettings
 from .argument_checks import check_world, resolve_nproc, threads_per_rank
@@ -149,8 +150,9 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
 
 def serve(args: argparse.Namespace) -> int:
     _require_serve_extra()
-    settings = settings_from(args)
-    check_model(settings.model)
+    with quiet_output(args.verbose, libraries=False):
+        settings = settings_from(args)
+        check_model(settings.model)
     from ..serve.main import serve as run_server
 
     return run_server(settings)

@@ -27,8 +27,20 @@ QUIET_ENV = {
     "TORCH_CPP_LOG_LEVEL": "ERROR",
     "PYTHONWARNINGS": "ignore",
 }
-#: Loggers set to ERROR (their children inherit it): the libraries' own and the root logger.
-QUIET_LOGGERS = ("", "transformers", "diffusers", "huggingface_hub", "torch", "accelerate", "PIL")
+#: Loggers set to ERROR (their children inherit it): the libraries' own and the root logger. torchao (which
+#: transformers imports when it is installed) warns while it imports, and its import of torch's compiler sets
+#: the ``torch`` logger back to WARNING, so the pytree logger it warns through is named on its own.
+QUIET_LOGGERS = (
+    "",
+    "transformers",
+    "diffusers",
+    "huggingface_hub",
+    "torch",
+    "torch.utils._pytree",
+    "torchao",
+    "accelerate",
+    "PIL",
+)
 
 
 def quiet_warnings() -> None:
