@@ -23,6 +23,7 @@ from ..compat import ULYSSES_MASKS_FROM, CallContextHook, ulysses_gathers_key_ma
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, Grid, bind_inputs
 from ..runtime.comm import OUTPUT, SYNC, Communicator, tensor_bytes
+from .heads import padded_heads
 from .split import output_sample
 
 
@@ -94,7 +95,10 @@ def attention_traffic(module, args, kwargs, size: int, sequence_dim: str) -> int
     hidden, text = inputs["hidden_states"], inputs.get("encoder_hidden_states")
     tokens = hidden.shape[1] + (0 if text is None else text.shape[1])
     piece = hidden.shape[0] * tokens * module.inner_dim * hidden.element_size()  # one of Q, K, V, output
-    return 4 * piece * (size - 1) // size if sequence_dim == "ulysses" else 2 * piece * (size - 1)
+    if sequence_dim == "ring":
+        return 2 * piece * (size - 1)
+    heads = getattr(module, "heads", size)
+    return 4 * piece * padded_heads(heads, size) // heads * (size - 1) // size  # zero heads pad uneven counts
 
 
 class AttentionTrafficHook(ModelHook):
