@@ -74,7 +74,7 @@ from ..stages.frame_block_hooks import (
 )
 from ..stages.link import StageLink
 from ..stages.loading import loaded_cut
-from ..stages.release import release_other_stages
+from ..stages.release import check_releasable, release_other_stages
 from .base import Strategy, StrategyOptions, is_count
 from .costing import CostMachine, CostSetting, PassCost
 from .installation import Installation
@@ -114,6 +114,7 @@ class DualParalOptions(StrategyOptions):
 class DualParalStrategy(Strategy):
     name = "dualparal"
     Options = DualParalOptions
+    follows_model_changes = False
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> PassCost:
@@ -167,6 +168,7 @@ class DualParalStrategy(Strategy):
                 f"{strategies_for(family)} for {name}"
             )
         blocks = frame_blocks_of(family)
+        check_releasable(stage_blocks(denoiser, blocks.stack), cls.name)
         count = len(stage_blocks(denoiser, blocks.stack))
         if count < degree:
             raise ParadiffError(
