@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from exactness import TOLERANCE, latents, relative_error
-from patch_cases import flux_true_cfg_inputs
 
 import paradiff
 from paradiff.errors import ParadiffError
 from paradiff.models import find_denoiser
 from paradiff.tiny import build_pipeline, prompt_inputs
 
-SIZE, STEPS = 64, 4
+SIZE, STEPS, TEXT_TOKENS = 64, 4, 8
 #: bf16 round-off on these 4-step latents: bf16 itself moves them 2–3e-2 (of their largest magnitude) from fp32,
 #: and a band or a head split rounds a few operations differently.
 BF16_TOLERANCE = 5e-2
@@ -48,6 +47,10 @@ class Feature:
     tolerance: float = TOLERANCE
     #: Extra arguments of every call.
     call: dict = field(default_factory=dict)
+    #: Prompts per call.
+    prompts: int = 1
+    #: The optional package it needs (the test is skipped without it).
+    needs: str | None = None
     build: Callable | None = None
 
 
@@ -133,11 +136,54 @@ def bf16(pipe) -> None:
     pipe.to(torch.bfloat16)
 
 
+def _random_weights(module: torch.nn.Module, seed: int) -> None:
+    """Seeded random weights everywhere: a ControlNet's zero-initialised output layers would hide a misplaced
+    residual."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape) * 0.05)
+
+
+def flux_controlnet():
+    from diffusers import FluxControlNetModel, FluxControlNetPipeline
+
+    base = build_pipeline("flux")
+    config = {"num_layers": 1, "num_single_layers": 1, "attention_head_dim": 16, "num_attention_heads": 2}
+    controlnet = FluxControlNetModel.from_transformer(base.transformer, load_weights_from_transformer=False, **config)
+    _random_weights(controlnet, 1)
+    pipe = FluxControlNetPipeline(controlnet=controlnet, text_encoder=None, tokenizer=None, **_parts(base))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sd3_controlnet():
+    from diffusers import SD3ControlNetModel, StableDiffusion3ControlNetPipeline
+
+    base = build_pipeline("sd3")
+    controlnet = SD3ControlNetModel.from_transformer(
+        base.transformer, num_layers=1, num_extra_conditioning_channels=0, load_weights_from_transformer=False
+    )
+    _random_weights(controlnet, 1)
+    encoders = {"text_encoder": None, "tokenizer": None, "text_encoder_3": None, "tokenizer_3": None}
+    pipe = StableDiffusion3ControlNetPipeline(controlnet=controlnet, **encoders, **_parts(base))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _parts(base) -> dict:
+    """The tiny pipeline's transformer, VAE and scheduler, and no second text encoder."""
+    parts = {"transformer": base.transformer, "vae": base.vae, "scheduler": base.scheduler}
+    return {**parts, "text_encoder_2": None, "tokenizer_2": None}
+
+
+CONTROL_IMAGE = torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(2))
+
 FEATURES: dict[str, Feature] = {
     # Quantized and low-precision weights, applied before parallelize.
-    "torchao int8 weight-only · SD": Feature("sd", before=torchao_int8),
-    "torchao int8 weight-only · Flux": Feature("flux", before=torchao_int8),
-    "quanto int8 weights · Flux": Feature("flux", before=quanto_int8),
+    "torchao int8 weight-only · SD": Feature("sd", before=torchao_int8, needs="torchao"),
+    "torchao int8 weight-only · Flux": Feature("flux", before=torchao_int8, needs="torchao"),
+    "quanto int8 weights · Flux": Feature("flux", before=quanto_int8, needs="optimum.quanto"),
     "fp8 layerwise casting · SD": Feature("sd", before=fp8_storage),
     "fp8 layerwise casting · Flux": Feature("flux", before=fp8_storage),
     "bf16 · SD": Feature("sd", before=bf16, tolerance=BF16_TOLERANCE),
@@ -150,21 +196,32 @@ FEATURES: dict[str, Feature] = {
     "LoRA fused after parallelize · SD": Feature("sd", before=load_lora("sd"), after=fuse_lora),
     "QKV fused after parallelize · SD": Feature("sd", after=fuse_qkv),
     "QKV fused after parallelize · Flux": Feature("flux", after=fuse_qkv),
-    "torchao int8 after parallelize · Flux": Feature("flux", after=torchao_int8),
+    "torchao int8 after parallelize · Flux": Feature("flux", after=torchao_int8, needs="torchao"),
     "another scheduler after parallelize · SD": Feature("sd", after=euler_scheduler),
+    # ControlNet on DiTs, and batches.
+    "ControlNet · Flux": Feature("flux", build=flux_controlnet, call={"control_image": CONTROL_IMAGE}),
+    "ControlNet · SD3": Feature("sd3", build=sd3_controlnet, call={"control_image": CONTROL_IMAGE}),
+    "2 images per prompt · Flux": Feature("flux", call={"num_images_per_prompt": 2}),
+    "2 prompts · Flux": Feature("flux", prompts=2),
+    "2 images per prompt · SD3": Feature("sd3", call={"num_images_per_prompt": 2}),
     # ... on one rank only.
     "weights ×1.05 on one rank · SD": Feature("sd", after=scale_weights, one_rank=True),
     "another scheduler on one rank · SD": Feature("sd", after=euler_scheduler, one_rank=True),
 }
 
 
-def _inputs(pipe, family: str, strategy: str) -> dict:
-    if family == "flux" and strategy == "cfg":  # the distilled Flux runs no CFG; true CFG gives the split its halves
-        return flux_true_cfg_inputs(pipe)
-    return prompt_inputs(pipe, family)
+def _inputs(pipe, feature: Feature, strategy: str) -> dict:
+    inputs = prompt_inputs(pipe, feature.family, batch_size=feature.prompts, seq_len=TEXT_TOKENS)
+    if feature.family == "flux" and strategy == "cfg":  # the distilled Flux runs no CFG: true CFG gives it halves
+        negative = prompt_inputs(pipe, "flux", batch_size=feature.prompts, seed=1, seq_len=TEXT_TOKENS)
+        inputs["negative_prompt_embeds"] = negative["prompt_embeds"]
+        inputs["negative_pooled_prompt_embeds"] = negative["pooled_prompt_embeds"]
+        inputs["true_cfg_scale"] = 2.0
+    return inputs
 
 
 def _generate(pipe, inputs: dict, steps: int, extra: dict):
+    torch.manual_seed(0)  # for the draws a pipeline makes without the generator (SD3 ControlNet's)
     generator = torch.Generator().manual_seed(0)
     call = {"height": SIZE, "width": SIZE, "num_inference_steps": steps, "output_type": "latent", **extra}
     return latents(pipe(**inputs, generator=generator, **call))
@@ -177,7 +234,7 @@ def compose(name: str, strategy: str) -> dict:
     pipe = build()
     feature.before(pipe)
     feature.after(pipe)
-    inputs = _inputs(pipe, feature.family, strategy)
+    inputs = _inputs(pipe, feature, strategy)
     reference = _generate(pipe, inputs, STEPS, feature.call)
     pipe = build()
     feature.before(pipe)

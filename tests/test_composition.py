@@ -56,6 +56,18 @@ CASES = [
     ("QKV fused after parallelize · Flux", "ulysses", "exact"),
     ("torchao int8 after parallelize · Flux", "patch", "exact"),
     ("another scheduler after parallelize · SD", "parastep", "exact"),
+    ("ControlNet · Flux", "patch", "exact"),
+    ("ControlNet · Flux", "ulysses", "exact"),
+    ("ControlNet · Flux", "pipefusion", "refused: cannot pass controlnet_block_samples"),
+    ("ControlNet · Flux", "cfg", "exact"),
+    ("ControlNet · SD3", "patch", "exact"),
+    ("ControlNet · SD3", "ulysses", "exact"),
+    ("ControlNet · SD3", "pipefusion", "refused: cannot pass block_controlnet_hidden_states"),
+    ("2 images per prompt · Flux", "patch", "exact"),
+    ("2 images per prompt · Flux", "ulysses", "exact"),
+    ("2 images per prompt · Flux", "pipefusion", "exact"),
+    ("2 prompts · Flux", "pipefusion", "exact"),
+    ("2 images per prompt · SD3", "cfg", "exact"),
     (
         "weights ×1.05 on one rank · SD",
         "patch",
@@ -97,6 +109,8 @@ def _cell(expected: str) -> str:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("feature", "strategy", "expected"), CASES, ids=[f"{f} × {s}" for f, s, _ in CASES])
 def test_composition(pool2, feature, strategy, expected):
+    if FEATURES[feature].needs:
+        pytest.importorskip(FEATURES[feature].needs)
     results = pool2.run(compose, feature, strategy, timeout_s=240)
     if expected == "exact":
         for rank, result in enumerate(results):

@@ -1,4 +1,5 @@
-"""Hooks for sequence parallelism: a size check on the denoiser, and the traffic counters.
+"""Hooks for sequence parallelism: a size check on the denoiser (which also cuts ControlNet's residuals), and the
+traffic counters.
 
 diffusers' own split hooks assert that a sequence divides evenly (a bare ``AssertionError``, raised
 where ranks may already wait in a collective). This hook runs outside them, sees the call's real
@@ -60,7 +61,8 @@ class SequenceCheckHook(CallContextHook):
 
     def pre_forward(self, module, *args, **kwargs):
         family = self.family
-        inputs = bind_inputs(module, args, kwargs).arguments
+        bound = bind_inputs(module, args, kwargs)
+        inputs = bound.arguments
         grid = family.grid(module, inputs[family.latent_arg], inputs)
         text = inputs.get(family.context_parallel_text_arg) if family.context_parallel_text_arg else None
         text_tokens = None if text is None else text.shape[1]
@@ -77,7 +79,10 @@ class SequenceCheckHook(CallContextHook):
                 f"{ULYSSES_MASKS_FROM} does); upgrade diffusers, pass prompts without padding, or use strategy='patch'"
             )
         self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg])
-        return args, kwargs
+        for name in family.token_residual_args:  # ControlNet's residuals: this rank's piece, as diffusers cuts tokens
+            if inputs.get(name) is not None:
+                inputs[name] = [residual.tensor_split(self.comm.size, 1)[self.comm.rank] for residual in inputs[name]]
+        return bound.args, bound.kwargs
 
     def post_forward(self, module, output):
         comm, sample = self.comm, output_sample(output)  # gathered by diffusers: each rank sent its 1/D
