@@ -220,8 +220,10 @@ def _inputs(pipe, feature: Feature, strategy: str) -> dict:
     return inputs
 
 
-def _generate(pipe, inputs: dict, steps: int, extra: dict):
-    torch.manual_seed(0)  # for the draws a pipeline makes without the generator (SD3 ControlNet's)
+def _generate(pipe, inputs: dict, steps: int, extra: dict, global_seed: int = 0):
+    """The call's latents, from generator seed 0; ``global_seed`` seeds the draws a pipeline makes without the
+    generator (SD3 ControlNet's), which paradiff takes from rank 0."""
+    torch.manual_seed(global_seed)
     generator = torch.Generator().manual_seed(0)
     call = {"height": SIZE, "width": SIZE, "num_inference_steps": steps, "output_type": "latent", **extra}
     return latents(pipe(**inputs, generator=generator, **call))
@@ -244,7 +246,7 @@ def compose(name: str, strategy: str) -> dict:
         _generate(pipe, inputs, 2, feature.call)  # a call before the change: the change comes after one
         if not feature.one_rank or dist.get_rank() == 0:
             feature.after(pipe)
-        output = _generate(pipe, inputs, STEPS, feature.call)
+        output = _generate(pipe, inputs, STEPS, feature.call, global_seed=1000 * dist.get_rank())
     except ParadiffError as error:
         return {"refusal": str(error)}
     finally:

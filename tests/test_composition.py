@@ -106,8 +106,13 @@ def _cell(expected: str) -> str:
     return "✗ " + expected.removeprefix("refused: ").replace("|", "\\|")
 
 
+def _case_id(feature: str, strategy: str) -> str:
+    """An ASCII test id (``-k`` selects by it): ``LoRA-loaded-after-parallelize-SD-patch``."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", f"{feature} {strategy}").strip("-")
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("feature", "strategy", "expected"), CASES, ids=[f"{f} × {s}" for f, s, _ in CASES])
+@pytest.mark.parametrize(("feature", "strategy", "expected"), CASES, ids=[_case_id(f, s) for f, s, _ in CASES])
 def test_composition(pool2, feature, strategy, expected):
     if FEATURES[feature].needs:
         pytest.importorskip(FEATURES[feature].needs)
