@@ -21,9 +21,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
-from .weights import SumCache, combined, named_tensors
+from .weights import SumCache, combined
 
 #: Module names listed in a description of what changed, at most.
 SHOWN_NAMES = 3
@@ -49,10 +50,10 @@ def describe_scheduler(pipe) -> str | None:
     return f"{type(scheduler).__qualname__}, config sha {_hash(settings)}"
 
 
-def describe_adapters(module: nn.Module) -> str:
-    """The adapters on ``module``'s layers (peft's tuner layers, read by their attributes): which are active, merged or
-    disabled, and their scales."""
-    layers = [(name, m) for name, m in module.named_modules() if hasattr(m, "merged_adapters")]
+def describe_adapters(modules: list[tuple[str, nn.Module]]) -> str:
+    """The adapters on these ``(name, module)`` layers (peft's tuner layers, read by their attributes): which are
+    active, merged or disabled, and their scales."""
+    layers = [(name, m) for name, m in modules if "merged_adapters" in vars(m)]
     if not layers:
         return "none"
     active = sorted({adapter for _, m in layers for adapter in m.active_adapters})
@@ -73,7 +74,7 @@ def _scales(layer: nn.Module) -> list:
 class Snapshot:
     """One rank's view of a model at one call."""
 
-    #: Per component: ``(name, id)`` of each module and of its processor, ``(name, id, dtype)`` of each parameter.
+    #: Per component: ``(name, id)`` of each module and of its processor, ``(name, id, dtype)`` of each tensor.
     identities: dict[str, tuple]
     #: Per component: the description the ranks agree on (module classes, adapters, weights of every rank's tensors;
     #: not processors, which a strategy may set on one rank's layers only).
@@ -82,9 +83,17 @@ class Snapshot:
     sums: dict[str, dict[str, float]]
 
 
-def _identities(module: nn.Module) -> tuple:
-    modules = tuple((name, id(m), id(getattr(m, "processor", None))) for name, m in module.named_modules())
-    return modules + tuple((name, id(p), str(p.dtype)) for name, p in module.named_parameters())
+def _tensors(modules: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
+    """The parameters and buffers of these modules by full name, each once (one walk over the modules, not one per
+    module as ``named_parameters`` makes: a call walks every component's modules)."""
+    named, seen = {}, set()
+    for prefix, module in modules:
+        for table in (module._parameters, module._buffers):
+            for key, tensor in table.items():
+                if tensor is not None and id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    named[f"{prefix}.{key}" if prefix else key] = tensor
+    return named
 
 
 def snapshot(pipe, per_rank: Callable[[], set[int]], cache: SumCache) -> Snapshot:
@@ -94,11 +103,14 @@ def snapshot(pipe, per_rank: Callable[[], set[int]], cache: SumCache) -> Snapsho
     identities, description, sums = {}, {}, {}
     excluded = per_rank()
     for name, module in modules_of(pipe).items():
-        identities[name] = _identities(module)
-        kinds = [(child, type(m).__qualname__) for child, m in module.named_modules()]
+        modules = list(module.named_modules())
+        named = _tensors(modules)
+        identities[name] = tuple((child, id(m), id(vars(m).get("processor"))) for child, m in modules) + tuple(
+            (key, id(tensor), tensor.dtype) for key, tensor in named.items()
+        )
+        kinds = [(child, type(m).__qualname__) for child, m in modules]
         description[f"{name} layers"] = f"{len(kinds)} modules, sha {_hash(json.dumps(kinds))}"
-        description[f"{name} adapters"] = describe_adapters(module)
-        named = named_tensors(module)
+        description[f"{name} adapters"] = describe_adapters(modules)
         values = dict(zip(named, cache.sums(list(named.values())), strict=True))
         shared = [value for key, value in values.items() if id(named[key]) not in excluded]
         description[f"{name} weights"] = f"checksum {combined(shared):.10e}"
