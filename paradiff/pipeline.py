@@ -40,7 +40,7 @@ from .runtime.consensus import agree, describe_call, describe_setup
 from .runtime.distributed import RankGroup, can_join_world, ensure_process_group, env_world_size, local_device
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
-from .runtime.model_watch import Changes, Snapshot, changes, snapshot
+from .runtime.model_watch import Snapshot, changes, snapshot
 from .runtime.step_state import StepState
 from .runtime.weights import SumCache
 from .stages.loading import loaded_stage
@@ -135,7 +135,7 @@ class ParallelState:
         """``id`` of the tensors whose content differs between ranks by design (each rank's stage of blocks)."""
         return {tensor for part in self.parts for tensor in part.installed.per_rank()}
 
-    def follow(self, pipe) -> Changes:
+    def follow(self, pipe) -> None:
         """Agree with the other ranks on the model as it is now; re-install on it if layers were replaced since the
         last call, or refuse where the strategy cannot follow or no longer runs the model."""
         now = snapshot(pipe, self.per_rank, self.sums)
@@ -156,7 +156,6 @@ class ParallelState:
                     raise ParadiffError(f"the model changed after parallelize() ({what}), and {error}") from None
         else:
             self.model = now
-        return changed
 
     @property
     def parts(self) -> list[ParallelPart]:

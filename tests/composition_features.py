@@ -203,7 +203,7 @@ FEATURES: dict[str, Feature] = {
     "ControlNet · SD3": Feature("sd3", build=sd3_controlnet, call={"control_image": CONTROL_IMAGE}),
     "2 images per prompt · Flux": Feature("flux", call={"num_images_per_prompt": 2}),
     "2 prompts · Flux": Feature("flux", prompts=2),
-    "2 images per prompt · SD3": Feature("sd3", call={"num_images_per_prompt": 2}),
+    "2 prompts · SD3": Feature("sd3", prompts=2),
     # ... on one rank only.
     "weights ×1.05 on one rank · SD": Feature("sd", after=scale_weights, one_rank=True),
     "another scheduler on one rank · SD": Feature("sd", after=euler_scheduler, one_rank=True),

@@ -67,7 +67,7 @@ CASES = [
     ("2 images per prompt · Flux", "ulysses", "exact"),
     ("2 images per prompt · Flux", "pipefusion", "exact"),
     ("2 prompts · Flux", "pipefusion", "exact"),
-    ("2 images per prompt · SD3", "cfg", "exact"),
+    ("2 prompts · SD3", "cfg", "exact"),
     (
         "weights ×1.05 on one rank · SD",
         "patch",

@@ -133,9 +133,6 @@ class Changes:
     #: What changed, in words, naming the modules and tensors.
     said: list[str]
 
-    def __bool__(self) -> bool:
-        return bool(self.kinds)
-
 
 def changes(before: Snapshot, after: Snapshot) -> Changes:
     """What changed between two snapshots of one rank."""
