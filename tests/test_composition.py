@@ -170,3 +170,21 @@ def installations_across_calls() -> list[bool]:
 def test_only_a_call_after_layers_were_replaced_installs_again(pool2):
     for kept in pool2.run(installations_across_calls, timeout_s=100):
         assert kept == [False, True, False, True]
+
+
+def test_weight_sums_are_read_again_only_for_tensors_written_since():
+    """The per-call checksum reads a tensor again when its version counter or storage changed, not otherwise (a
+    write through ``.data`` bumps neither, as it escapes autograd)."""
+    import torch
+    from torch import nn
+
+    from paradiff.runtime.weights import SumCache
+
+    cache, weight, buffer = SumCache(), nn.Parameter(torch.ones(3)), torch.ones(2)
+    assert cache.sums([weight, buffer]) == [3.0, 2.0]
+    with torch.no_grad():
+        weight.mul_(2)
+    buffer.data = torch.zeros(2)
+    assert cache.sums([weight, buffer]) == [6.0, 0.0]
+    weight.data.mul_(10)
+    assert cache.sums([weight, buffer]) == [6.0, 0.0]
