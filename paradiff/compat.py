@@ -12,6 +12,8 @@ later); where they differ:
 * Before 0.41 ``enable_parallelism`` computes the device and records the config itself (on CPU it
   computes ``cpu``, which is right); 0.41 moved that into ``_resolve_parallel_config``, which divides
   by the accelerator count and so fails on CPU: :func:`recording_parallel_config` replaces it.
+* Ulysses gives each rank whole heads: before 0.42 their count must divide by the ranks; 0.42's
+  ``ulysses_anything`` pads the last rank's heads (:func:`ulysses_pads_heads`).
 
 diffusers 0.36–0.37 are not supported: their ``ContextParallelConfig`` takes no ``mesh`` and their
 ``enable_parallelism`` builds its own over every rank, so ``ulysses`` can neither run over paradiff's
@@ -20,12 +22,14 @@ process groups (and their timeout) nor within the halves of a CFG split.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
 import diffusers
 import torch
+from diffusers import ContextParallelConfig
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks._helpers import TransformerBlockRegistry
 from diffusers.hooks.hooks import BaseState, StateManager
@@ -56,6 +60,7 @@ __all__ = [
     "remove_hook",
     "shipped_context_parallel_plan",
     "ulysses_gathers_key_masks",
+    "ulysses_pads_heads",
 ]
 
 
@@ -204,6 +209,12 @@ def ulysses_gathers_key_masks() -> bool:
     """Whether this diffusers' Ulysses attention completes an attention mask over the gathered keys."""
     release = tuple(int(part) for part in diffusers.__version__.split(".")[:2])
     return release >= tuple(int(part) for part in ULYSSES_MASKS_FROM.split("."))
+
+
+def ulysses_pads_heads() -> bool:
+    """Whether this diffusers' Ulysses can run head counts the ranks do not divide: ``ContextParallelConfig``'s
+    ``ulysses_anything`` (0.42 on) pads the last rank's heads with zeros and drops them after attention."""
+    return "ulysses_anything" in {field.name for field in dataclasses.fields(ContextParallelConfig)}
 
 
 def shipped_context_parallel_plan(model: nn.Module) -> dict | None:

@@ -24,7 +24,7 @@ import contextlib
 import functools
 import inspect
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from torch import nn
@@ -42,7 +42,9 @@ from .runtime.distributed import RankGroup, can_join_world, ensure_process_group
 from .runtime.failures import meet_every_rank
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
+from .runtime.model_watch import Snapshot, changes, snapshot
 from .runtime.step_state import StepState
+from .runtime.weights import SumCache
 from .stages.load_stage import loaded_stage
 from .strategies import strategy_class
 from .strategies.base import Strategy
@@ -52,6 +54,8 @@ from .strategies.patch import PatchStrategy
 
 #: How to make ranks that disagree at ``parallelize`` agree.
 SAME_SETUP = "load the same model and pass the same options to parallelize() on every rank"
+#: How to make ranks that disagree on the model at a call agree.
+SAME_MODEL = "change the model (its weights, adapters, layers) and the scheduler the same way on every rank, or on none"
 
 
 @dataclass
@@ -72,20 +76,88 @@ class ParallelState:
 
     config: ParallelConfig
     original_class: type
-    denoiser: nn.Module
     #: Every rank, for agreeing on the starting noise.
     world: Communicator
-    #: The strategy within each batch half and its part; None for the cfg split alone.
-    strategy: Strategy | None
-    strategy_part: ParallelPart | None
-    cfg_part: ParallelPart | None
-    decoder_part: ParallelPart | None
     #: The process groups parallelize made (shut down by unparallelize).
     groups: MeshGroups
+    denoiser: nn.Module | None = None
+    #: The strategy within each batch half and its part; None for the cfg split alone.
+    strategy: Strategy | None = None
+    strategy_part: ParallelPart | None = None
+    cfg_part: ParallelPart | None = None
+    decoder_part: ParallelPart | None = None
+    #: The model as the last call (or ``install``) left it, on this rank (``runtime.model_watch``).
+    model: Snapshot | None = None
+    #: False once removed for a model that changed, until installed on it again.
+    installed: bool = False
+    #: The weights' checksums, recomputed only for tensors written since the last call.
+    sums: SumCache = field(default_factory=SumCache)
     #: The failure of a call that lost a peer rank: its process groups are broken, so later calls fail at once.
     lost: PeerFailure | None = None
     #: With ``strategy="auto"``: what it picked and why (:func:`plan_of`).
     choice: object | None = None
+
+    def install(self, pipe) -> None:
+        """Install the strategy, the CFG split and the banded decode on the pipeline's model as it is now."""
+        config, groups = self.config, self.groups
+        self.denoiser = denoiser = find_denoiser(pipe)
+        strategy_cls = strategy_class(config.strategy)
+        family = family_of(denoiser, any_model=strategy_cls.model_agnostic)
+        scale = vae_scale_factor(pipe)
+        self.strategy = self.strategy_part = self.cfg_part = self.decoder_part = None
+        if groups.strategy is not None:
+            self.strategy = strategy_cls(config.options, groups)
+            comm = Communicator(groups.strategy, StepState(config.warmup_steps))
+            self.strategy_part = ParallelPart(comm, self.strategy.install(denoiser, family, comm, scale))
+        if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
+            exact = _exact_communicator(groups.cfg)
+            self.cfg_part = ParallelPart(exact, CfgStrategy(groups=groups).install(denoiser, family, exact, scale))
+        decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+        if config.parallel_vae and isinstance(decoder, nn.Module):
+            self.decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
+        self.model = snapshot(pipe, self.per_rank, self.sums)
+        self.installed = True
+
+    def remove(self) -> None:
+        """Undo :meth:`install` (hooks, processors, freed parameters)."""
+        for part in reversed(self.parts):
+            part.comm.state.begin_run()
+            part.installed.remove()
+        self.strategy_part = self.cfg_part = self.decoder_part = None
+        self.installed = False
+
+    def cannot_follow(self) -> str:
+        """Why a change of the model is refused under a strategy that cannot follow one, and what to do."""
+        return (
+            f"strategy='{self.config.strategy}' cannot follow it (each rank holds only its stage of the blocks); "
+            "call paradiff.unparallelize(pipe) before changing the model, then parallelize it again"
+        )
+
+    def per_rank(self) -> set[int]:
+        """``id`` of the tensors whose content differs between ranks by design (each rank's stage of blocks)."""
+        return {tensor for part in self.parts for tensor in part.installed.per_rank()}
+
+    def follow(self, pipe) -> None:
+        """Agree with the other ranks on the model as it is now; re-install on it if layers were replaced since the
+        last call, or refuse where the strategy cannot follow or no longer runs the model."""
+        now = snapshot(pipe, self.per_rank, self.sums)
+        changed = changes(self.model, now)
+        described = {**now.description, "changed since the last call": "; ".join(changed.kinds) or "nothing"}
+        agree(described, self.world, "the pipeline's model", SAME_MODEL)
+        if changed.replaced or not self.installed:
+            what = "; ".join(changed.said)
+            if not strategy_class(self.config.strategy).follows_model_changes:
+                raise ParadiffError(f"the model changed after parallelize() ({what}), and {self.cannot_follow()}")
+            self.remove()
+            self.groups.reopen_tags()
+            with _original_class(pipe, self.original_class):  # the checks read the pipeline's own class
+                try:
+                    check_parallelize(pipe, world_size=self.world.size, config=self.config)
+                    self.install(pipe)
+                except ParadiffError as error:
+                    raise ParadiffError(f"the model changed after parallelize() ({what}), and {error}") from None
+        else:
+            self.model = now
 
     @property
     def parts(self) -> list[ParallelPart]:
@@ -105,6 +177,7 @@ class ParallelState:
     def _call(self, pipe, stock_call, args: tuple, kwargs: dict):
         call = describe_call(inspect.signature(stock_call), pipe, args, kwargs)
         agree(call, self.world, "the call's arguments", "pass the same arguments to pipe(...) on every rank")
+        self.follow(pipe)
         if self.strategy is not None and kwargs.get("height") and not _may_resize(stock_call, kwargs):
             degree = self.strategy_part.comm.size
             self.strategy.check_height(self.denoiser, degree, kwargs["height"], vae_scale_factor(pipe))
@@ -194,12 +267,47 @@ def _parallel_call(cls: type):
     return __call__
 
 
+#: The pipeline's own methods that replace or rewrite the model's layers: under a strategy that cannot follow such
+#: a change they are refused before they run (on a stage's freed weights diffusers and peft fail half-way).
+MODEL_CHANGES = (
+    "load_lora_weights",
+    "unload_lora_weights",
+    "fuse_lora",
+    "unfuse_lora",
+    "delete_adapters",
+    "fuse_qkv_projections",
+    "unfuse_qkv_projections",
+)
+
+
+def _model_change(cls: type, name: str):
+    @functools.wraps(getattr(cls, name))
+    def change(self, *args, **kwargs):
+        state = self._paradiff
+        if isinstance(state, ParallelState) and not strategy_class(state.config.strategy).follows_model_changes:
+            raise ParadiffError(f"pipe.{name}() changes the model, and {state.cannot_follow()}")
+        return getattr(state.original_class, name)(self, *args, **kwargs)
+
+    return change
+
+
 _SUBCLASSES: dict[type, type] = {}
+
+
+@contextlib.contextmanager
+def _original_class(pipe, original: type):
+    """Inside, ``pipe`` is of its own class again (whose ``__call__`` the checks read)."""
+    parallel, pipe.__class__ = pipe.__class__, original
+    try:
+        yield pipe
+    finally:
+        pipe.__class__ = parallel
 
 
 def _parallel_class(cls: type) -> type:
     if cls not in _SUBCLASSES:
-        namespace = {"__module__": cls.__module__, "__call__": _parallel_call(cls)}
+        guarded = {name: _model_change(cls, name) for name in MODEL_CHANGES if hasattr(cls, name)}
+        namespace = {"__module__": cls.__module__, "__call__": _parallel_call(cls), **guarded}
         _SUBCLASSES[cls] = type(cls.__name__, (cls,), namespace)
     return _SUBCLASSES[cls]
 
@@ -250,38 +358,23 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
     if refusal is not None:
         raise refusal
-    denoiser = find_denoiser(pipe)
-    strategy_cls = strategy_class(config.strategy)
-    family = family_of(denoiser, any_model=strategy_cls.model_agnostic)
     groups = build_mesh(*config.degrees(world_size), everyone)
     device = local_device()
-    if device.type == "cuda" and denoiser.device != device:
+    if device.type == "cuda" and find_denoiser(pipe).device != device:
         pipe.to(device)
-    scale = vae_scale_factor(pipe)
-    strategy = strategy_part = cfg_part = decoder_part = None
-    if groups.strategy is not None:
-        strategy = strategy_cls(config.options, groups)
-        comm = Communicator(groups.strategy, StepState(config.warmup_steps))
-        strategy_part = ParallelPart(comm, strategy.install(denoiser, family, comm, scale))
-    if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
-        exact = _exact_communicator(groups.cfg)
-        cfg_part = ParallelPart(exact, CfgStrategy(groups=groups).install(denoiser, family, exact, scale))
-    decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
-    if config.parallel_vae and isinstance(decoder, nn.Module):
-        decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
-    world = _exact_communicator(groups.world)
-    pipe._paradiff = ParallelState(
-        config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part, groups
-    )
+    state = ParallelState(config, type(pipe), _exact_communicator(groups.world), groups)
+    state.install(pipe)
+    pipe._paradiff = state
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
 
 
 def _parallel_decoder(decoder: nn.Module, comm: Communicator, vae_scale_factor: int) -> ParallelPart:
-    """The VAE decoder in row bands over every rank (exact) where a family describes it; else on rank 0 alone,
-    its output broadcast (video VAEs: ``paradiff.layers.decode_broadcast``)."""
+    """The VAE decoder in row bands over every rank (exact) where a family describes it and its attention has no
+    fused QKV projections to cut; else on rank 0 alone, its output broadcast (``paradiff.layers.decode_broadcast``)."""
     family = decoder_family_of(decoder)
-    if family is not None:
+    fused = any(getattr(module, "fused_projections", False) for module in decoder.modules())
+    if family is not None and not fused:  # fused QKV projections cannot be cut into bands: decoded whole
         return ParallelPart(comm, PatchStrategy().install(decoder, family, comm, vae_scale_factor))
     installed = Installation(decoder, "decode")
     installed.hook(decoder, DecodeOnOneRankHook(comm))
@@ -307,9 +400,7 @@ def unparallelize(pipe):
         return pipe
     if not isinstance(state, ParallelState):
         return pipe
-    for part in reversed(state.parts):
-        part.comm.state.begin_run()
-        part.installed.remove()
+    state.remove()
     if state.lost is None:  # a lost peer's groups are broken: shutting them down could wait on it
         state.groups.destroy()
     pipe.__class__ = state.original_class

@@ -56,6 +56,9 @@ def test_the_meta_trace_counts_the_flops_of_the_real_call_and_computes_nothing(f
     assert workload.flops == real.get_total_flops() > 0
     assert (workload.batch, workload.calls_per_step) == (batch, 1)
     assert workload.kernels > 0 and workload.kv_bytes > 0 and workload.attention_layers > 0
+    assert workload.attention_heads == {"sd": 4, "pixart": 2, "flux": 2}[family]
+    if family == "pixart":  # 2 self-attention layers: scores and weighted values of 2 × 16 tokens of width 32
+        assert workload.attention_flops == 2 * 2 * (2 * 2 * 16 * 16 * 32)
 
 
 def test_two_call_cfg_counts_two_calls_per_step():
@@ -148,6 +151,23 @@ def test_the_cost_model_splits_compute_and_adds_transfers():
     assert cfg.exact and cfg.predicted_step_s == pytest.approx(0.5 + 0.5e6 / 1e9)
     pipefusion = predict(free, HARDWARE, "float16", "pipefusion", 2, 10, 0)
     assert pipefusion.memory_mb == pytest.approx((200 + 400) * 2 / 2**20)
+
+
+def test_ulysses_over_a_head_count_its_ranks_do_not_divide_costs_the_padded_heads():
+    """3 heads on 2 ranks: each rank attends with 2, so the attention's compute and bytes grow by 4/3."""
+    fields = dict(kv_bytes=1e9, attention_layers=1, attention_flops=6e11)
+    even, uneven = (
+        predict(_workload(**fields, attention_heads=h), HARDWARE, "float16", "ulysses", 2, 10, 0) for h in (4, 3)
+    )
+    padding = 1 / 3
+    assert uneven.predicted_step_s == pytest.approx(
+        even.predicted_step_s + 6e11 / 2 * padding / 1e12 + 2 * 1e9 / 4 * padding / 1e9
+    )
+    assert uneven.bytes_per_step == pytest.approx(even.bytes_per_step + 2 * 1e9 / 4 * padding)
+    divided = (
+        predict(_workload(**fields, attention_heads=h), HARDWARE, "float16", "ulysses", 2, 10, 0) for h in (4, 2)
+    )
+    assert len({p.predicted_step_s for p in divided}) == 1  # heads the ranks divide cost nothing more
 
 
 def test_a_two_call_step_costs_two_calls_and_the_cfg_split_gives_each_group_one():

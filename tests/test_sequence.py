@@ -10,7 +10,13 @@ import torch.distributed as dist
 from diffusers.hooks import HookRegistry
 from diffusers.models.attention_processor import AttnProcessor
 from exactness import assert_exact, relative_error
-from patch_cases import check_exact_and_restored, generate, parallel_vs_one_device, refused_before_any_collective
+from patch_cases import (
+    against_one_device,
+    check_exact_and_restored,
+    generate,
+    parallel_vs_one_device,
+    refused_before_any_collective,
+)
 
 import paradiff
 from paradiff import ParadiffError
@@ -33,6 +39,33 @@ def test_ulysses_is_exact_at_2_ranks(pool2, family):
     steps = 2
     results = pool2.run(parallel_vs_one_device, family, 64, steps, warmup=0, strategy="ulysses", output_type="latent")
     _check_exact(results, steps)
+
+
+def with_heads(pipe, family: str, heads: int):
+    """``pipe`` with its transformer rebuilt (seeded) with ``heads`` attention heads of the same width each."""
+    config = dict(pipe.transformer.config, num_attention_heads=heads)
+    width = heads * config["attention_head_dim"]
+    config.update({"pixart": {"cross_attention_dim": width}, "sd3": {"caption_projection_dim": width}}.get(family, {}))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        pipe.register_modules(transformer=type(pipe.transformer).from_config(config).eval())
+    return pipe
+
+
+def uneven_heads_vs_one_device(family: str, heads: int) -> dict:
+    pipe = with_heads(build_pipeline(family), family, heads)
+    return against_one_device(pipe, prompt_inputs(pipe, family), 64, 2, output_type="latent", strategy="ulysses")
+
+
+@pytest.mark.parametrize("family", ["pixart", "flux"])
+def test_ulysses_runs_a_head_count_the_ranks_do_not_divide(pool2, family):
+    """3 heads on 2 ranks: PixArt's attention call is paradiff's, which pads the heads itself; Flux's stock processor
+    runs in diffusers' uneven mode. Exact, and the bytes count the zero head each rank exchanges."""
+    results = pool2.run(uneven_heads_vs_one_device, family, 3)
+    _check_exact(results, 2)
+    if family == "pixart":  # as test_ulysses_counts_the_bytes_it_moves, with 4 of 3 heads' width in each exchange
+        local = 2 * 8 * 48 * 4 * 4 // 3
+        assert results[0]["stats"]["per_step"][0]["bytes_sent"] == 2 * 4 * local // 2 + 2 * 8 * 8 * 8 * 4 // 2
 
 
 def test_ulysses_counts_the_bytes_it_moves(pool2):
@@ -155,18 +188,12 @@ def test_sizes_that_do_not_split_fail_clearly(pool2, family, size, text_tokens, 
     ("family", "world", "options", "message"),
     [
         (
-            "pixart",
+            "flux",
             4,
             {"strategy": "ulysses"},
-            r"gives each of the 4 ranks whole attention heads, but PixArtTransformer2DModel has 2 heads, which is not "
-            r"divisible by 4; run it on 2 ranks \(per CFG half with cfg_parallel\), or use strategy='ring' "
-            r"\(or strategy='patch', 'pipefusion', .* on 4 ranks\)",
-        ),
-        (
-            "pixart",
-            6,
-            {"strategy": "ulysses", "cfg_parallel": True},
-            "gives each of the 3 ranks whole attention heads, but PixArtTransformer2DModel has 2 heads",
+            r"strategy='ulysses' gives each of the 4 ranks 1 of FluxTransformer2DModel's 2 attention heads, which "
+            r"would leave the last rank none of its own \(diffusers pads only that rank's\); run it on 2 ranks "
+            r"\(per CFG half with cfg_parallel\), or use strategy='patch', .* on 4 ranks",
         ),
         (
             "sd",
@@ -196,6 +223,18 @@ def test_sizes_that_do_not_split_fail_clearly(pool2, family, size, text_tokens, 
 )
 def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):
     refused_before_any_collective(monkeypatch, family, world, message, **options)
+
+
+def test_uneven_heads_in_diffusers_processors_need_diffusers_uneven_mode(monkeypatch):
+    """Before diffusers 0.42 its Ulysses splits heads evenly only: Flux's stock processor is refused, PixArt (whose
+    attention call paradiff makes and pads) is not."""
+    monkeypatch.setattr("paradiff.strategies.sequence.ulysses_pads_heads", lambda: False)
+    message = (
+        r"FluxTransformer2DModel has 2, which diffusers .* cannot split unevenly \(0.42 pads them\); upgrade "
+        r"diffusers, or run it on 2 ranks"
+    )
+    refused_before_any_collective(monkeypatch, "flux", 4, message, strategy="ulysses")
+    paradiff.check_parallelize(build_pipeline("pixart"), strategy="ulysses", world_size=4)
 
 
 def test_a_processor_without_pytorch_attention_is_refused_instead_of_attending_locally():

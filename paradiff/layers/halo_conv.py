@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from diffusers.hooks import ModelHook
 from torch import nn
 
@@ -36,8 +35,10 @@ class HaloConv2dHook(ModelHook):
     """Replaces the forward of one ``nn.Conv2d`` that sees a row band of the image.
 
     The band is extended by ``padding`` rows from each neighbour (zeros at the image border, as the
-    stock layer pads), then convolved without vertical padding: the same sums the full convolution
-    computes for these rows. Warm-up steps use this step's rows; displaced steps last step's.
+    stock layer pads), then convolved by the layer's own forward with its vertical padding set to none
+    for the call: the same sums the full convolution computes for these rows, with whatever weights the
+    layer computes with (diffusers' layerwise casting, quantized layers). Warm-up steps use this step's
+    rows; displaced steps last step's.
     """
 
     def __init__(self, comm: Communicator, name: str, tag: int):
@@ -54,6 +55,8 @@ class HaloConv2dHook(ModelHook):
         above, below = exchange.exchange(top, bottom, state.synchronous)
         border = torch.zeros_like(top)
         padded = torch.cat([border if above is None else above, hidden_states, border if below is None else below], 2)
-        return F.conv2d(
-            padded, module.weight, module.bias, module.stride, (0, module.padding[1]), module.dilation, module.groups
-        )
+        padding, module.padding = module.padding, (0, module.padding[1])
+        try:  # the layer's own forward and the hooks beneath this one: cast or quantized weights stay theirs
+            return self.fn_ref.original_forward(padded)
+        finally:
+            module.padding = padding

@@ -1,4 +1,5 @@
-"""Hooks for sequence parallelism: a size check on the denoiser, and the traffic counters.
+"""Hooks for sequence parallelism: a size check on the denoiser (which also cuts ControlNet's residuals), and the
+traffic counters.
 
 diffusers' own split hooks assert that a sequence divides evenly (a bare ``AssertionError``, raised
 where ranks may already wait in a collective). This hook runs outside them, sees the call's real
@@ -23,6 +24,7 @@ from ..compat import ULYSSES_MASKS_FROM, CallContextHook, ulysses_gathers_key_ma
 from ..errors import ParadiffError
 from ..models.base import DenoiserFamily, Grid, bind_inputs
 from ..runtime.comm import OUTPUT, SYNC, Communicator, tensor_bytes
+from .heads import padded_heads
 from .split import output_sample
 
 
@@ -59,7 +61,8 @@ class SequenceCheckHook(CallContextHook):
 
     def pre_forward(self, module, *args, **kwargs):
         family = self.family
-        inputs = bind_inputs(module, args, kwargs).arguments
+        bound = bind_inputs(module, args, kwargs)
+        inputs = bound.arguments
         grid = family.grid(module, inputs[family.latent_arg], inputs)
         text = inputs.get(family.context_parallel_text_arg) if family.context_parallel_text_arg else None
         text_tokens = None if text is None else text.shape[1]
@@ -76,7 +79,10 @@ class SequenceCheckHook(CallContextHook):
                 f"{ULYSSES_MASKS_FROM} does); upgrade diffusers, pass prompts without padding, or use strategy='patch'"
             )
         self.comm.state.enter_call(self.context.name, inputs[family.timestep_arg])
-        return args, kwargs
+        for name in family.token_residual_args:  # ControlNet's residuals: this rank's piece, as diffusers cuts tokens
+            if inputs.get(name) is not None:
+                inputs[name] = [residual.tensor_split(self.comm.size, 1)[self.comm.rank] for residual in inputs[name]]
+        return bound.args, bound.kwargs
 
     def post_forward(self, module, output):
         comm, sample = self.comm, output_sample(output)  # gathered by diffusers: each rank sent its 1/D
@@ -94,7 +100,10 @@ def attention_traffic(module, args, kwargs, size: int, sequence_dim: str) -> int
     hidden, text = inputs["hidden_states"], inputs.get("encoder_hidden_states")
     tokens = hidden.shape[1] + (0 if text is None else text.shape[1])
     piece = hidden.shape[0] * tokens * module.inner_dim * hidden.element_size()  # one of Q, K, V, output
-    return 4 * piece * (size - 1) // size if sequence_dim == "ulysses" else 2 * piece * (size - 1)
+    if sequence_dim == "ring":
+        return 2 * piece * (size - 1)
+    heads = getattr(module, "heads", size)
+    return 4 * piece * padded_heads(heads, size) // heads * (size - 1) // size  # zero heads pad uneven counts
 
 
 class AttentionTrafficHook(ModelHook):

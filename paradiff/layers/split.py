@@ -50,6 +50,9 @@ class BandSplitHook(CallContextHook):
         state.partition = RowPartition(grid.rows, grid.cols, self.comm.size, self.comm.rank)
         rows = slice(state.partition.row_start, state.partition.row_start + state.partition.band_rows)
         family.split_inputs(module, inputs, rows, grid)
+        for name in family.token_residual_args:  # ControlNet's residuals, added to the rank's rows of tokens
+            if inputs.get(name) is not None:
+                inputs[name] = [slice_rows(residual, 1, rows, grid.cols) for residual in inputs[name]]
         return bound.args, bound.kwargs
 
     def post_forward(self, module, output):

@@ -118,6 +118,10 @@ class DenoiserFamily:
     #: Tensor arguments whose first dimension is batch × frames, sample by sample (a video U-Net's prompt
     #: repeated per frame): a CFG split cuts them into two contiguous halves.
     frame_batched_args: tuple[str, ...] = ()
+    #: Forward arguments holding lists of residuals added to the image tokens (ControlNet's), each ``(batch, image
+    #: tokens, channels)`` and whole on every rank: cut like the image tokens, into the rank's rows (``patch``) or
+    #: its piece of the sequence (``ulysses``, ``ring``).
+    token_residual_args: tuple[str, ...] = ()
     #: Submodule whose output is the image token sequence, sliced to the rank's rows; None: the
     #: family slices the denoiser's inputs itself (:meth:`split_inputs`).
     token_module: str | None = None

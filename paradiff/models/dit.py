@@ -71,6 +71,7 @@ class SD3Family(PatchEmbedDiTFamily):
     class_names = ("SD3Transformer2DModel",)
     text_module = "context_embedder"
     context_parallel_text_arg = "encoder_hidden_states"
+    token_residual_args = ("block_controlnet_hidden_states",)
     block_stack = BlockStack(
         lists=("transformer_blocks",),
         text_arg="encoder_hidden_states",

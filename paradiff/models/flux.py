@@ -40,6 +40,7 @@ class FluxFamily(DenoiserFamily):
     output_dim = 1
     #: Token positions, ``(tokens, 3)``: their length may equal the batch by chance, so never cut them.
     unbatched_args = ("img_ids", "txt_ids")
+    token_residual_args = ("controlnet_block_samples", "controlnet_single_block_samples")
     context_parallel = True
     context_parallel_text_arg = "encoder_hidden_states"
     block_stack = BlockStack(

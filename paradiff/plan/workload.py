@@ -70,6 +70,10 @@ class Workload:
     token_rows: int
     #: The latent's batch in one call (2 for one image with batched CFG).
     batch: int = 1
+    #: FLOPs of the self-attention products (scores and weighted values), and the layers' most heads: a head
+    #: count Ulysses's ranks do not divide leaves some ranks attending with zero heads.
+    attention_flops: float = 0.0
+    attention_heads: int = 0
     #: Denoiser calls per step: 1, or 2 for two-call CFG (``flops`` and the bytes are one call's).
     calls_per_step: int = 1
 
@@ -85,6 +89,7 @@ class Workload:
         return replace(
             self,
             flops=self.flops * c,
+            attention_flops=self.attention_flops * c,
             latent_bytes=self.latent_bytes * c,
             kv_bytes=self.kv_bytes * c,
             halo_row_bytes=self.halo_row_bytes * c,
@@ -240,14 +245,18 @@ def trace(
     """
     family = family_of(model, any_model=True)
     itemsize = next(model.parameters()).element_size()
-    kv, convs, norms = [], [], [0]
+    kv, products, heads, convs, norms = [], [], [0], [], [0]
     hooks = []
     for _, attn in family.self_attention(model) if family.described else []:
         width = attn.to_k.out_features + attn.to_v.out_features
+        heads[0] = max(heads[0], getattr(attn, "heads", 0))
 
         def read_attention(module, a, k, width=width):
             tokens = (k.get("hidden_states") if "hidden_states" in k else a[0]).shape
             kv.append(tokens[0] * tokens[1] * width * itemsize)
+            text = k.get("encoder_hidden_states")  # joint attention: the text tokens attend along
+            length = tokens[1] + (0 if text is None else text.shape[1])
+            products.append(2 * tokens[0] * length * length * width)  # scores and weighted values: 2·2·B·T²·inner
 
         hooks.append(attn.register_forward_pre_hook(read_attention, with_kwargs=True))
     for module in model.modules():
@@ -299,6 +308,8 @@ def trace(
         token_rows=token_rows,
         batch=latent.shape[0],
         calls_per_step=calls_per_step,
+        attention_flops=float(sum(products)),
+        attention_heads=heads[0],
     )
 
 

@@ -3,7 +3,9 @@
 Ranks that draw different starting latents (no generator passed, or different seeds per rank)
 compute bands of different images and produce a garbled one. Before each call the ranks agree on a
 seed when none is given, copy rank 0's generator states when generators are given, and copy rank 0's
-``latents`` when latents are given.
+``latents`` when latents are given. They also take rank 0's state of torch's global random generators: some
+pipelines draw from them whatever generator they are given (SD3's ControlNet pipeline samples the control
+image's latents with ``latent_dist.sample()``), which would give each rank another conditioning.
 """
 
 from __future__ import annotations
@@ -36,4 +38,7 @@ def agree_on_noise(kwargs: dict, comm: Communicator) -> dict:
             gen.set_state(broadcast_from_first(gen.get_state(), comm))
     if isinstance(kwargs.get("latents"), torch.Tensor):
         kwargs["latents"] = broadcast_from_first(kwargs["latents"], comm)
+    torch.set_rng_state(broadcast_from_first(torch.get_rng_state(), comm))  # draws without a generator (below)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(broadcast_from_first(torch.cuda.get_rng_state(), comm))
     return kwargs

@@ -25,6 +25,8 @@ from torch import nn
 
 from ..errors import ParadiffError
 from .comm import Communicator
+from .model_watch import describe_scheduler, modules_of
+from .weights import combined, named_tensors, tensor_sums
 
 #: Strings longer than this are shown cut, followed by a hash of the whole.
 SHOWN_CHARS = 60
@@ -89,29 +91,12 @@ def describe_call(signature: inspect.Signature, pipe, args: tuple, kwargs: dict)
     return description
 
 
-def _modules(pipe) -> dict[str, nn.Module]:
-    components = getattr(pipe, "components", {})
-    return {name: module for name, module in sorted(components.items()) if isinstance(module, nn.Module)}
-
-
 def weights_checksum(module: nn.Module, names: tuple[str, ...] | None = None) -> float:
     """A float64 checksum of ``module``'s parameters and buffers (only those ``names`` gives, if given), computed
-    where they lie (one pass).
-
-    Each tensor's sum is weighted by a small factor that cycles with its position, so weights swapped
-    between tensors change the checksum too.
-    """
-    tensors = [*module.parameters(), *module.buffers()]
-    if names is not None:
-        named = dict([*module.named_parameters(), *module.named_buffers()])
-        tensors = [named[name] for name in names]
-    total = 0.0
-    for position, tensor in enumerate(tensors):
-        if tensor.is_floating_point() or tensor.is_complex():
-            total += (1 + position % 7) * float(torch.sum(tensor.detach(), dtype=torch.float64).real)
-        else:
-            total += (1 + position % 7) * float(tensor.detach().sum())
-    return total
+    where they lie, quantized ones included (:mod:`paradiff.runtime.weights`)."""
+    named = named_tensors(module)
+    tensors = list(named.values()) if names is None else [named[name] for name in names]
+    return combined(tensor_sums(tensors))
 
 
 def describe_setup(pipe, options: dict, loaded_stage: Callable[[nn.Module], object | None]) -> dict[str, str]:
@@ -120,12 +105,10 @@ def describe_setup(pipe, options: dict, loaded_stage: Callable[[nn.Module], obje
     loaded (``paradiff.stages.load_stage``), None for a whole one: then the ranks compare the cut instead."""
     description = {name: describe(value) for name, value in options.items()}
     description["pipeline"] = type(pipe).__qualname__
-    scheduler = getattr(pipe, "scheduler", None)
+    scheduler = describe_scheduler(pipe)
     if scheduler is not None:
-        public = {key: value for key, value in getattr(scheduler, "config", {}).items() if not key.startswith("_")}
-        settings = json.dumps(public, sort_keys=True, default=str)  # private keys list sets in any order
-        description["scheduler"] = f"{type(scheduler).__qualname__}, config sha {_hash(settings.encode())}"
-    for name, module in _modules(pipe).items():
+        description["scheduler"] = scheduler
+    for name, module in modules_of(pipe).items():
         count = sum(p.numel() for p in module.parameters())
         dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()})
         description[name] = f"{type(module).__qualname__}, {count:,} parameters ({'/'.join(dtypes)})"

@@ -105,6 +105,11 @@ class TagCounter:
     #: Where call tags start again after the last one: past every lasting tag.
     calls_start: int = 1
 
+    def reopen(self) -> None:
+        """Let a strategy installed again (on a model changed since) reserve lasting tags: past every tag handed
+        out so far, so none of them is handed out again before the range comes round."""
+        self.calls_start = self.next
+
     def reserve(self, count: int, lasting: bool) -> range:
         if lasting:
             if self.next != self.calls_start:

@@ -41,6 +41,11 @@ class MeshGroups:
         ranks = [groups for groups in (self.world, self.cfg, self.strategy) if groups is not None]
         return [group for groups in ranks for group in groups.process_groups()] + self.adopted
 
+    def reopen_tags(self) -> None:
+        """Before installing a strategy again: each group's lasting tags may be reserved anew (``reopen``)."""
+        for groups in {id(g): g for g in (self.world, self.cfg, self.strategy) if g is not None}.values():
+            groups.tags.reopen()
+
     def adopt(self, meshes: list[DeviceMesh]) -> None:
         """Shut down with these groups those of ``meshes`` that are not already theirs: a context-parallel mesh
         (:func:`context_parallel_mesh`) and the meshes diffusers derives from it, such as its flattened one."""

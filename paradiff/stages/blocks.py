@@ -235,7 +235,7 @@ class Stage:
             else:
                 pieces = link.receive(m).split(sizes, dim=1)
                 x = pieces[0].reshape(batch, per_patch, width)
-                t = pieces[1].reshape(text.shape) if text is not None else None
+                t = pieces[1].reshape(batch, *text.shape[1:]) if text is not None else None
             for name, table in per_token.items() if patches > 1 else ():
                 inputs[name] = _cut_per_token(table, stack.per_token[name], tokens, span)
             for block, forward in forwards:
@@ -247,6 +247,8 @@ class Stage:
             if link.last:
                 output[:, span] = x
             else:
+                # one prompt for several images (Flux) broadcasts to the image batch in the first block
+                t = None if t is None else t.expand(batch, *t.shape[1:])
                 link.send(m, torch.cat([x.flatten(1)] + ([] if t is None else [t.flatten(1)]), dim=1))
         link.finish()
         if not link.last:

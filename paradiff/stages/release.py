@@ -13,6 +13,8 @@ import itertools
 import torch
 from torch import nn
 
+from ..errors import ParadiffError
+
 
 def stage_groups(blocks: list[nn.Module], cut: tuple[int, ...]) -> list[list[nn.Module]]:
     """The blocks of each stage, in order: ``cut`` holds how many blocks each stage has."""
@@ -29,6 +31,24 @@ def params_of(blocks: list[nn.Module]) -> list[nn.Parameter]:
                 seen.add(id(param))
                 params.append(param)
     return params
+
+
+def check_releasable(blocks: list[tuple[str, nn.Module]], strategy: str) -> None:
+    """Refuse, before any collective, block weights that cannot be freed and broadcast back: tensor subclasses whose
+    operators do not cover it (torchao's quantized weights; optimum-quanto's can)."""
+    for block_name, block in blocks:
+        for name, param in block.named_parameters():
+            if type(param) in (torch.Tensor, nn.Parameter):
+                continue
+            try:
+                param.data.new_empty((0,))
+            except NotImplementedError:
+                raise ParadiffError(
+                    f"strategy='{strategy}' frees each rank's other stages' weights and broadcasts them back "
+                    f"afterwards, which it cannot do with {type(param).__name__} weights ({block_name}.{name}); use "
+                    "strategy='patch' or 'ulysses' for this model, or quantize it with optimum-quanto, whose weights "
+                    "it can"
+                ) from None
 
 
 def release_other_stages(

@@ -79,6 +79,9 @@ class Strategy:
     cfg_split_alone: ClassVar[bool] = False
     #: How many ranks it runs on, as messages about supported combinations say it.
     world: ClassVar[str] = "world = its degree"
+    #: Whether it can re-install on a model whose layers were replaced after ``parallelize`` (a LoRA loaded,
+    #: QKV fused): False for a strategy whose ranks each keep only a stage of the model.
+    follows_model_changes: ClassVar[bool] = True
     #: Option settings a plan predicts besides the defaults, each with the least ranks it needs:
     #: ``((("asyncdiff_stride", 2),), 3)``.
     plan_variants: ClassVar[tuple] = ()

@@ -73,7 +73,7 @@ from ..stages.frame_block_hooks import (
 )
 from ..stages.link import StageLink
 from ..stages.load_stage import loaded_cut
-from ..stages.release import release_other_stages
+from ..stages.release import check_releasable, release_other_stages
 from .base import Strategy, StrategyOptions, is_count
 from .costing import CostMachine, CostSetting, PassCost
 from .installation import Installation
@@ -114,6 +114,7 @@ class DualParalStrategy(Strategy):
     Options = DualParalOptions
     needs = (Capability.FRAME_BLOCKS,)
     refusal_hint = f"; use {DIFFUSION_FORCING}"
+    follows_model_changes = False
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> PassCost:
@@ -158,6 +159,7 @@ class DualParalStrategy(Strategy):
         super().check_model(denoiser, family, degree, config)
         name = type(denoiser).__name__
         blocks = family.frame_blocks
+        check_releasable(stage_blocks(denoiser, blocks.stack), cls.name)
         count = len(stage_blocks(denoiser, blocks.stack))
         if count < degree:
             raise ParadiffError(

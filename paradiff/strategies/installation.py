@@ -44,6 +44,11 @@ class Installation:
         invalidate_hook_cache(self.model)
         return self
 
+    def per_rank(self) -> set[int]:
+        """``id`` of the tensors whose content differs between ranks by design (each rank's stage of the blocks):
+        left out of what the ranks compare about the model at each call. None by default."""
+        return set()
+
     def steer(self, pipe) -> contextlib.AbstractContextManager:
         """The strategy's hold on the pipeline's loop during one call; none by default."""
         return contextlib.nullcontext()

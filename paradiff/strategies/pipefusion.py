@@ -47,7 +47,7 @@ from ..stages.blocks import (
 )
 from ..stages.cut import balanced_cut, measured_costs
 from ..stages.load_stage import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
-from ..stages.release import params_of, release_other_stages, stage_groups
+from ..stages.release import check_releasable, params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums
 from .installation import Installation
@@ -86,6 +86,7 @@ class PipeFusionStrategy(Strategy):
     name = "pipefusion"
     Options = PipeFusionOptions
     needs = (Capability.BLOCK_CHAIN,)
+    follows_model_changes = False
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
@@ -123,6 +124,7 @@ class PipeFusionStrategy(Strategy):
         """Refuse, before any collective, a model whose blocks cannot form ``degree`` stages."""
         super().check_model(denoiser, family, degree, config)
         name = type(denoiser).__name__
+        check_releasable(stage_blocks(denoiser, family.block_stack), cls.name)
         count = len(stage_blocks(denoiser, family.block_stack))
         if count < degree:
             raise ParadiffError(
@@ -205,6 +207,9 @@ class PipeFusionInstallation(Installation):
         self.blocks, self.cut = blocks, tuple(cut)
         #: Shapes of the parameters freed on this rank (the other stages'), by ``id`` of the parameter.
         self.released: dict[int, torch.Size] = {}
+
+    def per_rank(self) -> set[int]:
+        return {id(param) for param in params_of(self.blocks)}
 
     def restore(self) -> None:
         """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it; the

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import diffusers
 import torch.distributed as dist
 from diffusers import ContextParallelConfig
 from diffusers import ParallelConfig as DiffusersParallelConfig
@@ -58,8 +59,10 @@ from ..compat import (
     derived_context_parallel_meshes,
     parallel_config_of,
     recording_parallel_config,
+    ulysses_pads_heads,
 )
 from ..errors import ParadiffError
+from ..layers.heads import padded_heads
 from ..layers.sdpa_dispatch import DispatchedSDPAHook
 from ..layers.sequence_hooks import AttentionTrafficHook, SequenceCheckHook
 from ..models import Capability, DenoiserFamily
@@ -112,6 +115,10 @@ class SequenceStrategy(Strategy):
     def check_machine(cls, denoiser: nn.Module) -> None:
         cls.check_backend(active_attention_backend(denoiser))
 
+    def context_parallel_options(self, denoiser: nn.Module, family: DenoiserFamily, degree: int) -> dict:
+        """Options of diffusers' ``ContextParallelConfig`` besides the degree and the mesh (none by default)."""
+        return {}
+
     @classmethod
     def check_backend(cls, backend: str) -> None:
         if not context_parallel_backend_available(backend):
@@ -127,7 +134,10 @@ class SequenceStrategy(Strategy):
         """Enable diffusers' context parallelism on ``denoiser`` over ``comm``'s ranks."""
         device = local_device()
         mesh = context_parallel_mesh(self.groups, self.sequence_dim, device.type)
-        cp_config = ContextParallelConfig(**{f"{self.sequence_dim}_degree": comm.size}, mesh=mesh)
+        degree = {f"{self.sequence_dim}_degree": comm.size}
+        cp_config = ContextParallelConfig(
+            **degree, mesh=mesh, **self.context_parallel_options(denoiser, family, comm.size)
+        )
         config = DiffusersParallelConfig(context_parallel_config=cp_config)
         config.setup(dist.get_rank(), dist.get_world_size(), device, mesh=mesh)
         plan = family.context_parallel_plan(denoiser)
@@ -150,21 +160,65 @@ class SequenceStrategy(Strategy):
 
 
 class UlyssesStrategy(SequenceStrategy):
+    """Any head count: where the ranks do not divide it, zero heads pad it, by paradiff where it makes the
+    attention call (``paradiff.layers.heads``), else by diffusers' ``ulysses_anything`` (0.42 on)."""
+
     name = "ulysses"
     sequence_dim = "ulysses"
 
     @classmethod
+    def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
+        """As every sequence strategy's, with each rank attending with ⌈H/N⌉ heads and exchanging them: a head count
+        N does not divide costs the padded heads' attention and bytes too."""
+        even = super().step_cost(m, n, setting)
+        w = m.w
+        heads = w.attention_heads
+        if not heads or heads % n == 0:
+            return even
+        padding = padded_heads(heads, n) / heads - 1  # the share of attention the zero heads add
+        extra_s = m.compute(w.attention_flops / m.groups / n * padding, calls=0)
+        extra_bytes = 2 * w.kv_bytes / m.groups * (n - 1) / n**2 * padding
+        step = even.sync_s + extra_s + m.transfer(extra_bytes, 0)
+        nbytes = even.sync_bytes + extra_bytes
+        return StepCost(step, step, nbytes, nbytes, even.memory_bytes)
+
+    @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
         super().check_model(denoiser, family, degree, config)
-        heads = denoiser.config.num_attention_heads
-        if heads % degree:
+        if family.context_parallel_sdpa:  # paradiff makes the attention call: it pads any count
+            return
+        for heads in sorted(_head_counts(denoiser, family)):
+            if heads % degree == 0:
+                continue
+            name = type(denoiser).__name__
             fits = " or ".join(str(n) for n in range(2, heads + 1) if heads % n == 0)
-            fix = f"run it on {fits} ranks (per CFG half with cfg_parallel), or " if fits else ""
-            raise ParadiffError(
-                f"strategy='ulysses' gives each of the {degree} ranks whole attention heads, but "
-                f"{type(denoiser).__name__} has {heads} heads, which is not divisible by {degree}; "
-                f"{fix}use strategy='ring' (or {strategies_for(family)} on {degree} ranks)"
-            )
+            others = f"run it on {fits} ranks (per CFG half with cfg_parallel), or use " if fits else "use "
+            others += f"{strategies_for(family)} on {degree} ranks"
+            if not ulysses_pads_heads():
+                raise ParadiffError(
+                    f"strategy='ulysses' gives each of the {degree} ranks whole attention heads, and {name} has "
+                    f"{heads}, which diffusers {diffusers.__version__} cannot split unevenly (0.42 pads them); "
+                    f"upgrade diffusers, or {others}"
+                )
+            per_rank = padded_heads(heads, degree) // degree
+            if padded_heads(heads, degree) - heads >= per_rank:  # diffusers pads the last rank's heads only
+                raise ParadiffError(
+                    f"strategy='ulysses' gives each of the {degree} ranks {per_rank} of {name}'s {heads} attention "
+                    f"heads, which would leave the last rank none of its own (diffusers pads only that rank's); "
+                    f"{others}"
+                )
+
+    def context_parallel_options(self, denoiser: nn.Module, family: DenoiserFamily, degree: int) -> dict:
+        """diffusers' uneven mode where its processors attend with heads the ranks do not divide."""
+        uneven = any(heads % degree for heads in _head_counts(denoiser, family))
+        return {"ulysses_anything": True} if uneven and not family.context_parallel_sdpa else {}
+
+
+def _head_counts(denoiser: nn.Module, family: DenoiserFamily) -> set[int]:
+    """The head counts of the model's self-attention layers (its config's where a layer does not say)."""
+    counts = {getattr(attn, "heads", None) for _, attn in family.self_attention(denoiser)}
+    counts.discard(None)
+    return counts or {denoiser.config.num_attention_heads}
 
 
 class RingStrategy(SequenceStrategy):
