@@ -61,6 +61,8 @@ OUTPUT = "output"
 CFG = "cfg"
 #: Activations passed from one pipeline stage to the next (pipefusion).
 PIPE = "pipe"
+#: The sums of a per-step measure gathered from the ranks that each hold part of it (``runtime.shared_measure``).
+MEASURE = "measure"
 
 
 @dataclass
@@ -141,6 +143,7 @@ class CommStats:
             "stale_layer_exchanges": self.total(STALE).exchanges,
             "cfg_gathers": self.total(CFG).exchanges,
             "stage_transfers": self.total(PIPE).exchanges,
+            "measure_agreements": self.total(MEASURE).exchanges,
             "per_step": [
                 {
                     "step": step,
