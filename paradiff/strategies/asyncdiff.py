@@ -76,6 +76,7 @@ def components_for(degree: int, stride: int) -> int:
 
 class AsyncDiffStrategy(Strategy):
     name = "asyncdiff"
+    call_split = "blocks"
     Options = AsyncDiffOptions
     world = "world = its components, + 1 with asyncdiff_stride=2"
 

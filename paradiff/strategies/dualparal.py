@@ -113,6 +113,7 @@ class DualParalOptions(StrategyOptions):
 
 class DualParalStrategy(Strategy):
     name = "dualparal"
+    call_split = "pieces"
     Options = DualParalOptions
 
     @classmethod

@@ -52,6 +52,7 @@ class PatchOptions(StrategyOptions):
 
 class PatchStrategy(Strategy):
     name = "patch"
+    call_split = "tokens"
     Options = PatchOptions
 
     @classmethod

@@ -85,6 +85,7 @@ class PipeFusionOptions(StrategyOptions):
 
 class PipeFusionStrategy(Strategy):
     name = "pipefusion"
+    call_split = "pieces"
     Options = PipeFusionOptions
 
     @classmethod

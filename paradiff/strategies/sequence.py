@@ -78,6 +78,7 @@ class SequenceStrategy(Strategy):
     #: The ``ContextParallelConfig`` dimension the D ranks form: "ulysses" or "ring".
     sequence_dim = ""
     uses_warmup = False
+    call_split = "tokens"
 
     #: Whether the keys and values travel around a ring (``ring``) rather than in all-to-alls (``ulysses``).
     ring_exchange: ClassVar[bool] = False
