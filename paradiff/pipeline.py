@@ -28,6 +28,7 @@ from datetime import timedelta
 
 from torch import nn
 
+from .caches import adapt_caches, describe_caches
 from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
@@ -84,6 +85,8 @@ class ParallelState:
     lost: PeerFailure | None = None
     #: With ``strategy="auto"``: what it picked and why (:func:`plan_of`).
     choice: object | None = None
+    #: The step caches on the denoiser, adapted to the ranks (``paradiff.caches``); None: no cache.
+    caches: Installation | None = None
 
     @property
     def parts(self) -> list[ParallelPart]:
@@ -239,6 +242,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     everyone = RankGroup.world(timedelta(seconds=config.timeout_s))
     start_heartbeat()
     setup = describe_setup(pipe, config.as_options(), loaded_stage)
+    setup["step caches"] = describe_caches(find_denoiser(pipe))
     agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
     if refusal is not None:
         raise refusal
@@ -261,9 +265,11 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if config.parallel_vae and isinstance(decoder, nn.Module):
         decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
+    tokens = strategy_part.comm if strategy_part and strategy_cls.call_split == "tokens" else None
+    caches = adapt_caches(denoiser, tokens, cfg_part.comm if cfg_part else None)
     world = _exact_communicator(groups.world)
     pipe._paradiff = ParallelState(
-        config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part, groups
+        config, type(pipe), denoiser, world, strategy, strategy_part, cfg_part, decoder_part, groups, caches=caches
     )
     pipe.__class__ = _parallel_class(type(pipe))
     return pipe
@@ -299,6 +305,8 @@ def unparallelize(pipe):
         return pipe
     if not isinstance(state, ParallelState):
         return pipe
+    if state.caches is not None:
+        state.caches.remove()
     for part in reversed(state.parts):
         part.comm.state.begin_run()
         part.installed.remove()
