@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .caches import check_caches
+from .caches.applied import check_caches
 from .config import ParallelConfig
 from .errors import ParadiffError
 from .models import family_of, find_denoiser

@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from torch import nn
 
-from .caches import adapt_caches, describe_caches
+from .caches.applied import adapt_caches, describe_caches
 from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure

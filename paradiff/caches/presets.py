@@ -12,7 +12,6 @@ takes it off again.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import torch
@@ -34,28 +33,13 @@ from torch import nn
 from ..compat import invalidate_hook_cache, remove_hook
 from ..errors import ParadiffError
 from ..models import find_denoiser
-from . import find_caches
+from . import CACHE_NAMES
+from .applied import find_caches
 
 #: Settings that name a torch dtype, given as text ("float32").
 _DTYPE_SETTINGS = ("taylor_factors_dtype",)
 #: The pipelines MagCache ships magnitude ratios for, by denoiser class.
 _SHIPPED_MAG_RATIOS = {"FluxTransformer2DModel": FLUX_MAG_RATIOS}
-
-
-def parse_cache(text: str) -> tuple[str, dict]:
-    """``NAME`` or ``NAME:{json settings}`` (``first-block:{"threshold": 0.1}``) as ``(name, settings)``."""
-    name, _, settings = text.partition(":")
-    if name not in CACHE_NAMES:
-        raise ParadiffError(f"unknown cache {name!r}; available: {', '.join(CACHE_NAMES)}")
-    if not settings:
-        return name, {}
-    try:
-        values = json.loads(settings)
-    except json.JSONDecodeError as error:
-        raise ParadiffError(f"the settings of cache {name!r} are not a JSON object: {settings!r} ({error})") from error
-    if not isinstance(values, dict):
-        raise ParadiffError(f'the settings of cache {name!r} must be a JSON object like {{"threshold": 0.1}}')
-    return name, values
 
 
 class CurrentTimestep:
@@ -122,8 +106,8 @@ def _needs_cache_context(name: str, denoiser: nn.Module) -> None:
         )
 
 
-#: The caches by name: each builds its diffusers config and the function that applies it.
-CACHE_NAMES: dict[str, Callable] = {
+#: Each cache's builder of its diffusers config and the function that applies it, by name.
+_BUILDERS: dict[str, Callable] = {
     "first-block": _first_block,
     "taylorseer": _taylorseer,
     "pyramid": _pyramid,
@@ -135,7 +119,10 @@ _READS_TIMESTEP = ("pyramid", "faster")
 
 
 def apply_cache(pipe, name: str, steps: int, settings: dict | None = None) -> Callable[[], None]:
-    """Put cache ``name`` with ``settings`` on ``pipe``'s denoiser for calls of ``steps`` steps; returns the undo."""
+    """Put cache ``name`` (one of :data:`~paradiff.caches.CACHE_NAMES`) with ``settings`` on ``pipe``'s denoiser, for
+    calls of ``steps`` steps; returns the undo."""
+    if name not in CACHE_NAMES:
+        raise ParadiffError(f"unknown cache {name!r}; available: {', '.join(CACHE_NAMES)}")
     denoiser = find_denoiser(pipe)
     if find_caches(denoiser):
         raise ParadiffError(f"{type(denoiser).__name__} already has a step cache; remove it first")
@@ -145,7 +132,7 @@ def apply_cache(pipe, name: str, steps: int, settings: dict | None = None) -> Ca
         timestep = CurrentTimestep(pipe, denoiser)
         settings["current_timestep_callback"] = timestep
     try:
-        apply, config = CACHE_NAMES[name](pipe, denoiser, steps, settings)
+        apply, config = _BUILDERS[name](pipe, denoiser, steps, settings)
         apply(denoiser, config)
     except TypeError as error:  # a setting the config does not take
         _forget(timestep)
