@@ -10,6 +10,7 @@ are asked of it in this process; the ranks run the exact cases and the refusals 
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,3 +268,64 @@ def test_ranks_with_different_caches_fail_at_parallelize(pool2):
         messages[0] == messages[1]
         and "step caches differs: MagCache on 2 modules (rank 0), none (rank 1)" in messages[0]
     )
+
+
+# paradiff bench --cache
+
+
+def bench_job(tmp_path, *argv: str):
+    from paradiff import cli
+    from paradiff.cli.bench_options import job_from_args
+
+    bench = ["bench", "--model", "paradiff-tiny-dit", "--size", "64", "--steps", "3", "--prompts", "1"]
+    return job_from_args(cli.build_parser().parse_args([*bench, "--out", str(tmp_path), *argv]), threads=1)
+
+
+def test_bench_runs_each_cache_on_one_device_and_under_each_strategy(pool2, tmp_path):
+    from paradiff.bench.run import bench_on_rank
+
+    pyramid = 'pyramid:{"spatial_attention_timestep_skip_range": [-1, 1001]}'
+    job = bench_job(tmp_path, "--strategies", "cfg", "--cache", pyramid)
+    results = pool2.run(bench_on_rank, job, timeout_s=300)[0]
+    labels = [run.spec.label for run in results.runs]
+    assert labels == ["one device", "cfg", "pyramid cache, one device", "pyramid cache, cfg"]
+    bare, _, cached, cached_cfg = (run.outputs[0] for run in results.runs)
+    assert np.abs(cached - bare).max() > 1e-3, "the cache changed the image"
+    assert np.abs(cached_cfg - cached).max() < 1e-4, "under cfg the cached image is the cached one-device image"
+    command = shlex.split(job.command())
+    assert command[command.index("--cache") + 1] == pyramid, "the report's command reruns the cache"
+
+
+def test_bench_refuses_a_cache_a_strategy_cannot_run_before_any_image(pool2, tmp_path):
+    from rank_workers import RankFailure
+
+    from paradiff.bench.run import bench_on_rank
+
+    with pytest.raises(RankFailure) as failure:
+        pool2.run(bench_on_rank, bench_job(tmp_path, "--strategies", "cfg", "--cache", "faster"), timeout_s=300)
+    for traceback in failure.value.failures.values():
+        assert "in _check_caches" in traceback and "FasterCache cannot run under strategy='cfg'" in traceback
+
+
+@pytest.mark.parametrize(
+    ("cache", "message"),
+    [
+        ("nope", "unknown cache 'nope'; available: first-block, taylorseer, pyramid, faster, mag"),
+        ("first-block:{threshold", "the settings of cache 'first-block' are not JSON"),
+        ("mag:[1, 2]", "the settings of cache 'mag' must be a JSON object"),
+    ],
+)
+def test_bench_refuses_an_unknown_cache_or_bad_settings_before_any_worker(
+    capsys, monkeypatch, tmp_path, cache, message
+):
+    from paradiff import cli
+
+    monkeypatch.setattr(cli, "run_on_ranks", lambda *args, **kwargs: pytest.fail("workers were started"))
+    assert cli.main(["bench", "--model", "paradiff-tiny-dit", "--out", str(tmp_path), "--cache", cache]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_cache_needing_named_calls_is_refused_on_a_denoiser_without_them():
+    pipe = build_pipeline("pixart")
+    with pytest.raises(ParadiffError, match="'first-block' keeps its state per named denoiser call"):
+        apply_cache(pipe, "first-block", STEPS)

@@ -18,6 +18,7 @@ import torch
 from diffusers.hooks import (
     FasterCacheConfig,
     FirstBlockCacheConfig,
+    HookRegistry,
     MagCacheConfig,
     PyramidAttentionBroadcastConfig,
     TaylorSeerCacheConfig,
@@ -149,6 +150,12 @@ def _setting(key: str, value):
     if key in _DTYPE_SETTINGS and isinstance(value, str):
         return getattr(torch, value)
     return tuple(value) if isinstance(value, list) and key.endswith("_range") else value
+
+
+def reset_cache(pipe) -> None:
+    """Start the caches on ``pipe``'s denoiser afresh, as diffusers' ``CacheMixin`` pipelines do after each call (the
+    others, such as PixArt's, never do)."""
+    HookRegistry.check_if_exists_or_initialize(find_denoiser(pipe)).reset_stateful_hooks()
 
 
 def remove_cache(pipe, timestep: CurrentTimestep | None = None) -> None:
