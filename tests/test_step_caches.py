@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,11 +148,12 @@ def generate(pipe, inputs: dict) -> np.ndarray:
     return output
 
 
-def cached_vs_one_device(feature: str, strategy: str) -> dict:
-    """On this rank: the cached one-device latents, then under ``parallelize`` (every step exact), then restored."""
+def cached_vs_one_device(feature: str, strategy: str, warmup: int = STEPS) -> dict:
+    """On this rank: the cached one-device latents, then under ``parallelize`` (every step exact unless ``warmup``
+    says fewer), then restored."""
     pipe, inputs = cached_pipeline(feature)
     reference = generate(pipe, inputs)
-    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=STEPS, timeout_s=60)
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, timeout_s=60)
     try:
         parallel = generate(pipe, inputs)
         stats = paradiff.comm_stats(pipe)
@@ -189,6 +191,19 @@ def test_exact_under_the_strategy(pool2, case):
         assert (result["measure_agreements"] > 0) == ((feature, strategy) in SHARED_MEASURE), result
     if feature == "FirstBlockCache" and strategy == "patch":
         assert results[0]["measure_agreements"] == 2 * (STEPS - 1)  # both calls of every step after the first
+
+
+@pytest.mark.parametrize(
+    ("feature", "strategy"),
+    [("FirstBlockCache", "patch"), ("FirstBlockCache", "parastep"), ("TaylorSeerCache", "asyncdiff")],
+)
+def test_displaced_runs_stay_close_and_every_rank_equal(pool2, feature, strategy):
+    """After one warm-up step a rank may skip a layer at its first displaced call and run it later (patch then
+    sends its piece on its own), or see only some steps (parastep, asyncdiff): displaced, never crashed or split."""
+    results = pool2.run(cached_vs_one_device, feature, strategy, 1, timeout_s=300)
+    for result in results:
+        assert 0 < result["error"] < 0.1, result["error"]
+    np.testing.assert_array_equal(results[0]["output"], results[1]["output"])
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case[2].startswith("refused")], ids=_case_id)
@@ -329,3 +344,27 @@ def test_a_cache_needing_named_calls_is_refused_on_a_denoiser_without_them():
     pipe = build_pipeline("pixart")
     with pytest.raises(ParadiffError, match="'first-block' keeps its state per named denoiser call"):
         apply_cache(pipe, "first-block", STEPS)
+
+
+# docs/caches.md's table is these cases.
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "caches.md"
+
+
+def cases_table() -> str:
+    """:data:`CASES` as a Markdown table: one row per feature, one column per strategy."""
+    strategies = list(dict.fromkeys(strategy for _, strategy, _ in CASES))
+    features = list(dict.fromkeys(feature for feature, _, _ in CASES))
+    cells = {(feature, strategy): expected for feature, strategy, expected in CASES}
+    lines = [f"| cache (pipeline) | {' | '.join(f'`{s}`' for s in strategies)} |", "|---" * (len(strategies) + 1) + "|"]
+    for feature in features:
+        setup = SETUPS[feature]
+        guidance = "two-call CFG" if setup.true_cfg else ("batched CFG" if setup.family != "flux" else "no CFG")
+        label = f"{feature.split(',')[0]} ({setup.family}, {guidance}{', 2 images' if setup.batch == 2 else ''})"
+        row = [cells.get((feature, strategy), "—") for strategy in strategies]
+        lines.append(f"| {label} | {' | '.join(row)} |")
+    return "\n".join(lines)
+
+
+def test_the_docs_table_is_the_tested_cases():
+    assert cases_table() in DOC.read_text(), f"paste into {DOC}:\n{cases_table()}"
