@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from torch import nn
 
-from .caches.applied import adapt_caches, describe_caches
+from .caches.applied import adapt_caches, check_auto, describe_caches
 from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
@@ -169,6 +169,7 @@ def _parallelize_auto(pipe, options: dict):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     if env_world_size() == 1:
         return pipe
+    check_auto(find_denoiser(pipe))
     ensure_process_group(timedelta(seconds=options.get("timeout_s", SHARED_OPTIONS["timeout_s"])))
     pipe._paradiff = AutoState(fidelity, options, type(pipe))
     pipe.__class__ = _parallel_class(type(pipe))

@@ -256,6 +256,14 @@ class CountingHook(ModelHook):
         return module
 
 
+def test_auto_is_refused_with_a_cache_before_any_collective(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipe, _ = cached_pipeline("MagCache")
+    with pytest.raises(ParadiffError, match="strategy='auto' plans by timing .* MagCache .*strategy='patch'"):
+        paradiff.parallelize(pipe, strategy="auto")
+    assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
+
+
 def test_an_unknown_stateful_hook_is_refused():
     pipe = build_pipeline("flux")
     HookRegistry.check_if_exists_or_initialize(pipe.transformer.transformer_blocks[0]).register_hook(

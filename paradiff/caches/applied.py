@@ -114,6 +114,16 @@ def _alternatives(cache: StepCache) -> str:
     return f"strategy={listed(hosts)} run it, or run without the cache"
 
 
+def check_auto(denoiser: nn.Module) -> None:
+    """Refuse ``strategy="auto"`` on a denoiser with a step cache: it plans by timing the denoiser's calls alone,
+    outside any step of the pipeline's loop, which a cache would skip through (or refuse: no ``cache_context``)."""
+    for cache in find_caches(denoiser):
+        raise ParadiffError(
+            f"strategy='auto' plans by timing the denoiser's calls outside the pipeline's steps, which {cache.name} "
+            f"on it would skip through; choose the strategy yourself: {_alternatives(cache)}"
+        )
+
+
 def describe_caches(denoiser: nn.Module) -> str:
     """The caches on ``denoiser`` and the config ``enable_cache`` applied, for the ranks to compare."""
     caches = [cache.describe() for cache in find_caches(denoiser)]
