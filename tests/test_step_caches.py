@@ -148,12 +148,12 @@ def generate(pipe, inputs: dict) -> np.ndarray:
     return output
 
 
-def cached_vs_one_device(feature: str, strategy: str, warmup: int = STEPS) -> dict:
+def cached_vs_one_device(feature: str, strategy: str, warmup: int = STEPS, **options) -> dict:
     """On this rank: the cached one-device latents, then under ``parallelize`` (every step exact unless ``warmup``
-    says fewer), then restored."""
+    says fewer; ``options`` for it), then restored."""
     pipe, inputs = cached_pipeline(feature)
     reference = generate(pipe, inputs)
-    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, timeout_s=60)
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, timeout_s=60, **options)
     try:
         parallel = generate(pipe, inputs)
         stats = paradiff.comm_stats(pipe)
@@ -191,6 +191,14 @@ def test_exact_under_the_strategy(pool2, case):
         assert (result["measure_agreements"] > 0) == ((feature, strategy) in SHARED_MEASURE), result
     if feature == "FirstBlockCache" and strategy == "patch":
         assert results[0]["measure_agreements"] == 2 * (STEPS - 1)  # both calls of every step after the first
+
+
+def test_the_measure_is_summed_over_the_token_cut_and_the_cfg_halves_at_4_ranks(pool4):
+    """patch within each CFG half, 2 x 2 ranks: each rank holds a quarter of a call (half its tokens, one image)."""
+    feature = "FirstBlockCache, 2 images per prompt"
+    results = pool4.run(cached_vs_one_device, feature, "patch", cfg_parallel=True, timeout_s=600)
+    assert_exact(results)
+    assert all(result["measure_agreements"] > 0 for result in results)
 
 
 @pytest.mark.parametrize(
