@@ -33,6 +33,7 @@ from torch import nn
 
 from ..compat import invalidate_hook_cache, remove_hook
 from ..errors import ParadiffError
+from ..loading import makes_video
 from ..models import find_denoiser
 from . import CACHE_NAMES
 from .applied import find_caches
@@ -82,7 +83,7 @@ def _pyramid(pipe, denoiser, steps, settings):
 
 
 def _faster(pipe, denoiser, steps, settings):
-    layout = "BCFHW" if getattr(denoiser.config, "num_frames", None) or "Video" in type(pipe).__name__ else "BCHW"
+    layout = "BCFHW" if makes_video(pipe) else "BCHW"
     distilled = bool(getattr(denoiser.config, "guidance_embeds", False))
     settings = {"tensor_format": layout, "is_guidance_distilled": distilled, **settings}
     return apply_faster_cache, FasterCacheConfig(**settings)
