@@ -23,7 +23,7 @@ from exactness import assert_exact, latents, relative_error
 from patch_cases import flux_true_cfg_inputs
 
 import paradiff
-from paradiff.caches.presets import apply_cache
+from paradiff.caches.presets import apply_cache, reset_cache
 from paradiff.errors import ParadiffError
 from paradiff.tiny import build_pipeline, prompt_inputs
 
@@ -144,7 +144,7 @@ def generate(pipe, inputs: dict) -> np.ndarray:
     """The call's final latents; the cache's state is reset after it (PixArt's pipeline does not reset it)."""
     call = {"height": SIZE, "width": SIZE, "num_inference_steps": STEPS, "output_type": "latent"}
     output = latents(pipe(**inputs, **call, generator=torch.Generator().manual_seed(0)))
-    HookRegistry.check_if_exists_or_initialize(pipe.transformer).reset_stateful_hooks()
+    reset_cache(pipe)
     return output
 
 
