@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .caches.applied import check_caches
 from .config import ParallelConfig
 from .errors import ParadiffError
 from .models import family_of, find_denoiser
@@ -35,7 +36,8 @@ def check_parallelize(
     ``world_size`` ranks (default: the current world), without any collective or any change to ``pipe``.
 
     Everything paradiff can refuse before work starts is checked here: the options, the world size, the
-    strategy against the denoiser and the pipeline, and the height against the strategy's cut. A launcher
+    strategy against the denoiser and the pipeline, the height against the strategy's cut, and the step caches
+    on the denoiser against the strategy. A launcher
     calls it before drawing anything, so bad input costs no compute.
     """
     config = config or ParallelConfig.from_options(strategy, options)
@@ -52,6 +54,7 @@ def check_parallelize(
     if cfg > 1:
         CfgStrategy.check_pipeline(pipe, denoiser, strategies_for(family, cfg_split=False))
     check_on_denoiser(denoiser, family, config, degree, height, vae_scale_factor(pipe))
+    check_caches(denoiser, config, cfg > 1, degree)
 
 
 def check_on_denoiser(

@@ -23,7 +23,7 @@ process groups (and their timeout) nor within the halves of a CFG split.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
@@ -51,13 +51,18 @@ __all__ = [
     "clear_parallel_config",
     "context_parallel_backend_available",
     "context_parallel_backends",
+    "applied_cache_config",
     "dispatch_attention_fn",
+    "first_block_decision",
     "flux_qkv_projections",
+    "hook_registries",
     "invalidate_hook_cache",
     "loop_length",
+    "move_hook_outermost",
     "parallel_config_of",
     "recording_parallel_config",
     "remove_hook",
+    "replace_first_block_decision",
     "shipped_context_parallel_plan",
     "ulysses_gathers_key_masks",
     "ulysses_pads_heads",
@@ -104,10 +109,34 @@ class CallContextHook(ModelHook):
 
 
 def remove_hook(module: nn.Module, name: str) -> None:
-    """Remove the hook registered under ``name`` on ``module`` only (not on its submodules)."""
+    """Remove the hook registered under ``name`` on ``module`` only (not on its submodules); the hooks registered
+    after it keep working.
+
+    diffusers' ``remove_hook`` of a hook that a later hook wraps points the later hook's link at the forward below,
+    in place of the later hook's own ``new_forward``, which is then never called. So the later hooks are taken
+    off first, outermost first, and registered again, in their order, once the hook is gone.
+    """
     registry = getattr(module, "_diffusers_hook", None)
-    if registry is not None:
-        registry.remove_hook(name, recurse=False)
+    if registry is None or name not in registry.hooks:
+        return
+    order = list(registry.hooks)  # registration order
+    later = {other: registry.hooks[other] for other in order[order.index(name) + 1 :]}
+    for other in reversed(later):
+        registry.remove_hook(other, recurse=False)
+    registry.remove_hook(name, recurse=False)
+    for other, hook in later.items():
+        registry.register_hook(hook, other)
+
+
+def move_hook_outermost(module: nn.Module, name: str) -> None:
+    """Make the hook registered under ``name`` on ``module`` run outside every other hook there (registered anew:
+    diffusers starts it afresh); nothing changes if it already does."""
+    registry = HookRegistry.check_if_exists_or_initialize(module)
+    if list(registry.hooks)[-1] == name:
+        return
+    hook = registry.hooks[name]
+    remove_hook(module, name)
+    registry.register_hook(hook, name)
 
 
 def invalidate_hook_cache(module: nn.Module) -> None:
@@ -122,6 +151,33 @@ def invalidate_hook_cache(module: nn.Module) -> None:
     for submodule in module.modules():  # diffusers 0.38–0.40: a cache without a method to clear it
         if hasattr(submodule, "_diffusers_hook"):
             submodule._diffusers_hook._child_registries_cache = None
+
+
+def hook_registries(model: nn.Module) -> Iterator[tuple[str, nn.Module, HookRegistry]]:
+    """``(qualified name, module, its hook registry)`` of every module of ``model`` that has hooks, ``model`` first."""
+    for name, module in model.named_modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is not None:
+            yield name, module, registry
+
+
+# Step caches (``paradiff.caches``).
+
+
+def applied_cache_config(model: nn.Module):
+    """The config ``model.enable_cache(config)`` applied (diffusers' ``CacheMixin``), or None."""
+    return getattr(model, "_cache_config", None)
+
+
+def first_block_decision(hook):
+    """FirstBlockCache's own decision of ``hook`` (its head block's hook): ``decide(residual) -> run the others``."""
+    return type(hook)._should_compute_remaining_blocks.__get__(hook)
+
+
+def replace_first_block_decision(hook, decide) -> Callable[[], None]:
+    """Make this FirstBlockCache head hook (this instance only) decide with ``decide(residual)``; returns the undo."""
+    hook._should_compute_remaining_blocks = decide
+    return lambda: vars(hook).pop("_should_compute_remaining_blocks", None)
 
 
 # Transformer blocks.

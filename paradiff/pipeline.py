@@ -29,6 +29,7 @@ from datetime import timedelta
 
 from torch import nn
 
+from .caches.applied import adapt_caches, check_auto, describe_caches
 from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
@@ -96,6 +97,8 @@ class ParallelState:
     lost: PeerFailure | None = None
     #: With ``strategy="auto"``: what it picked and why (:func:`plan_of`).
     choice: object | None = None
+    #: The step caches on the denoiser, adapted to the ranks (``paradiff.caches``); None: no cache.
+    caches: Installation | None = None
 
     def install(self, pipe) -> None:
         """Install the strategy, the CFG split and the banded decode on the pipeline's model as it is now."""
@@ -115,11 +118,16 @@ class ParallelState:
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
         if config.parallel_vae and isinstance(decoder, nn.Module):
             self.decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
+        tokens = self.strategy_part.comm if self.strategy_part and strategy_cls.call_split == "tokens" else None
+        self.caches = adapt_caches(denoiser, tokens, self.cfg_part.comm if self.cfg_part else None)
         self.model = snapshot(pipe, self.per_rank, self.sums)
         self.installed = True
 
     def remove(self) -> None:
         """Undo :meth:`install` (hooks, processors, freed parameters)."""
+        if self.caches is not None:
+            self.caches.remove()
+            self.caches = None
         for part in reversed(self.parts):
             part.comm.state.begin_run()
             part.installed.remove()
@@ -239,6 +247,7 @@ def _parallelize_auto(pipe, options: dict):
         raise ParadiffError("this pipeline is already parallelized; call paradiff.unparallelize(pipe) first")
     if env_world_size() == 1:
         return pipe
+    check_auto(find_denoiser(pipe))
     ensure_process_group(timedelta(seconds=options.get("timeout_s", SHARED_OPTIONS["timeout_s"])))
     pipe._paradiff = AutoState(fidelity, options, type(pipe))
     pipe.__class__ = _parallel_class(type(pipe))
@@ -355,6 +364,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     meet_every_rank("parallelize()", timeout)
     everyone = RankGroup.world(timeout)
     setup = describe_setup(pipe, config.as_options(), loaded_stage)
+    setup["step caches"] = describe_caches(find_denoiser(pipe))
     agree(setup, _exact_communicator(everyone), "what parallelize() runs", SAME_SETUP)
     if refusal is not None:
         raise refusal

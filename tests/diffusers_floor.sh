@@ -29,8 +29,9 @@ print('diffusers floor run: diffusers', diffusers.__version__, 'from', diffusers
 sys.exit(0 if Version(diffusers.__version__) == Version('$floor') else 'expected diffusers $floor')
 "
 # Selected: every exactness test (on latents, tests/exactness.py) and every restore test, all of test_compat.py
-# (its module name is a -k keyword of each of its tests), and parastep's and asyncdiff's displaced runs against
-# their single-process references (their exact runs are all warm-up: they move no bytes).
+# (its module name is a -k keyword of each of its tests), parastep's and asyncdiff's displaced runs against
+# their single-process references (their exact runs are all warm-up: they move no bytes), and the step caches' exact
+# cases (every cache paradiff adapts exists in the floor's diffusers).
 .floor-env/bin/python -m pytest -q -p no:cacheprovider -k "exact or restores or test_compat or match_the_reference" \
     tests/test_patch_exactness.py tests/test_cfg.py tests/test_sequence.py tests/test_pipefusion.py \
-    tests/test_parastep.py tests/test_asyncdiff.py tests/test_compat.py tests/test_families.py
+    tests/test_parastep.py tests/test_asyncdiff.py tests/test_compat.py tests/test_families.py tests/test_step_caches.py

@@ -15,16 +15,20 @@ DEFAULT_PROMPTS = 4
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One row of the report: the one-device baseline (no strategy) or one strategy at one warm-up."""
+    """One row of the report: one device (no strategy) or one strategy at one warm-up, with a step cache or not."""
 
     strategy: str | None = None
     warmup: int | None = None
+    #: A step cache on the denoiser (``--cache``: ``NAME`` or ``NAME:{settings}``); None: none.
+    cache: str | None = None
 
     @property
     def label(self) -> str:
         if self.strategy is None:
-            return "one device"
-        return self.strategy if self.warmup is None else f"{self.strategy} warmup={self.warmup}"
+            run = "one device"
+        else:
+            run = self.strategy if self.warmup is None else f"{self.strategy} warmup={self.warmup}"
+        return run if self.cache is None else f"{self.cache.partition(':')[0]} cache, {run}"
 
 
 ONE_DEVICE = RunSpec()
@@ -56,17 +60,23 @@ class BenchJob:
     json: bool = False
     #: The longest a collective waits for another rank (``--timeout``, ``parallelize``'s ``timeout_s``).
     timeout_s: float = 600.0
+    #: Step caches (``--cache``), each run on one device and under every strategy and warm-up.
+    caches: tuple[str, ...] = ()
 
     def prompt_list(self, video: bool = False) -> list[str]:
         """The prompts every run draws: the user's, or ``prompts`` built-in scenes (moving ones for video)."""
         return list(self.prompt_texts) if self.prompt_texts else bench_prompts(self.prompts, video=video)
 
     def runs(self) -> list[RunSpec]:
-        """The baseline first, then every strategy × warm-up in the order given (once for exact strategies)."""
+        """The baseline first, then every strategy × warm-up in the order given (once for exact strategies), then
+        each cache on one device and under every strategy × warm-up."""
         runs = [ONE_DEVICE]
-        for strategy in self.strategies:
-            warmups = self.warmups if strategy_class(strategy).uses_warmup else (None,)
-            runs += [RunSpec(strategy, warmup) for warmup in warmups]
+        for cache in (None, *self.caches):
+            if cache is not None:
+                runs.append(RunSpec(cache=cache))
+            for strategy in self.strategies:
+                warmups = self.warmups if strategy_class(strategy).uses_warmup else (None,)
+                runs += [RunSpec(strategy, warmup, cache) for warmup in warmups]
         return runs
 
     def command(self) -> str:
@@ -90,6 +100,7 @@ class BenchJob:
         }
         given = {option: value for option, value in options.items() if value is not None}
         prompts = [part for prompt in self.prompt_texts for part in ("--prompt", prompt)]
+        prompts += [part for cache in self.caches for part in ("--cache", cache)]
         calls = [part for key, value in self.call for part in ("--call", f"{key}={json.dumps(value)}")]
         parts = [str(part) for item in given.items() for part in item]
         return shlex.join(["paradiff", "bench", *parts, *prompts, *calls])

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,7 +35,7 @@ from .figures import (
     save_video,
     speedup_psnr_plot,
 )
-from .job import BenchJob
+from .job import ONE_DEVICE, BenchJob
 from .run import BenchResults, RunResult
 
 PLOT_FILE = "speedup-vs-psnr.png"
@@ -123,6 +124,7 @@ JSON_ROW_KEYS = (
     "run",
     "strategy",
     "warmup",
+    "cache",
     "latency_s",
     "speedup",
     "psnr_db",
@@ -137,7 +139,7 @@ def summary_json(written: WrittenReport) -> dict:
     """``paradiff bench --json``'s object: the files written (paths), the metrics and, per run, its figures.
 
     Every figure is a number, or null: ``psnr_db`` of a run identical to one device (infinite), ``lpips``
-    when LPIPS was skipped (``lpips`` then says why), ``warmup`` and ``strategy`` where they do not apply.
+    when LPIPS was skipped (``lpips`` then says why), ``warmup``, ``strategy`` and ``cache`` where they do not apply.
     """
     document = written.document
     rows = [{key: row[key] for key in JSON_ROW_KEYS} for row in document["rows"]]
@@ -176,6 +178,7 @@ def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult,
         "run": spec.label,
         "strategy": spec.strategy,
         "warmup": spec.warmup,
+        "cache": spec.cache,
         "latency_s": latency,
         "speedup": statistics.median(baseline.latency_s) / latency,
         "bytes_per_step": statistics.median(run.bytes_per_step),
@@ -186,7 +189,7 @@ def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult,
     }
     if video:
         return row | _video_figures_of_row(scores) | {"per_prompt": per_prompt}
-    grid = None if spec.strategy is None else f"grid-{spec.label.replace(' ', '-').replace('=', '')}.png"
+    grid = None if spec == ONE_DEVICE else f"grid-{re.sub(r'[^A-Za-z0-9.]+', '-', spec.label)}.png"
     return row | {"grid": grid, "per_prompt": per_prompt}
 
 
@@ -235,6 +238,7 @@ def _config(job: BenchJob, results: BenchResults, video: bool) -> dict:
         "model": job.model,
         "strategies": list(job.strategies),
         "warmups": list(job.warmups),
+        "caches": list(job.caches),
         "nproc": results.world_size,
         "threads_per_rank": job.threads,
         "steps": job.steps,

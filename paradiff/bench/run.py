@@ -2,8 +2,9 @@
 
 Runs share one pipeline instance: the one-device baseline runs on rank 0 while the other ranks wait
 at a barrier (one image at a time, so no wait outlasts one image), then each strategy × warm-up is
-``parallelize``d, run on every rank and ``unparallelize``d. Rank 0 returns the outputs (images, or the
-frames of a video pipeline) and timings.
+``parallelize``d, run on every rank and ``unparallelize``d. A run with a step cache (``--cache``) puts the cache
+on the denoiser before ``parallelize`` and takes it off after, and starts it afresh for each image. Rank 0
+returns the outputs (images, or the frames of a video pipeline) and timings.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch.distributed as dist
 
 import paradiff
 
+from ..caches import parse_cache
+from ..caches.presets import apply_cache, reset_cache
 from ..devices import rank_device, torch_dtype
 from ..loading import load_pipeline, makes_video, prompt_kwargs, size_kwargs
 from ..runtime.distributed import ensure_process_group, env_world_size
@@ -77,6 +80,7 @@ def bench_on_rank(job: BenchJob) -> BenchResults | None:
         for prompt in prompts
     ]
     specs = job.runs()
+    _check_caches(pipe, job, specs, world_size)
     _preflight(pipe, job, specs[1], inputs[0])
     runs = []
     for number, spec in enumerate(specs, start=1):
@@ -98,14 +102,24 @@ def _preflight(pipe, job: BenchJob, spec: RunSpec, inputs: dict) -> None:
     _barrier()
 
 
+def _check_caches(pipe, job: BenchJob, specs: list[RunSpec], world_size: int) -> None:
+    """Refuse, before anything runs, a cache that a strategy of the job cannot run (every rank alike)."""
+    for spec in specs:
+        if spec.cache is not None and spec.strategy is not None:
+            with _cached(pipe, spec, job.steps):
+                paradiff.check_parallelize(pipe, strategy=spec.strategy, world_size=world_size)
+
+
 def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, world_size: int, title: str) -> RunResult:
     """Every prompt through one run; the baseline only on rank 0, every run starting on all ranks together."""
     run = RunResult(spec)
     parallel = spec.strategy is not None
-    with _parallelized(pipe, spec, job.timeout_s):
+    with _cached(pipe, spec, job.steps), _parallelized(pipe, spec, job.timeout_s):
         for index, kwargs in enumerate(inputs):
             _barrier()
             if parallel or rank == 0:
+                if spec.cache is not None:
+                    reset_cache(pipe)
                 output, seconds = _generate(pipe, kwargs, size_kwargs(job.size, job.width), job.steps, job.seed + index)
                 run.add(output, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
                 if rank == 0:
@@ -113,6 +127,20 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
                     print(line, file=sys.stderr if job.json else sys.stdout, flush=True)
         _barrier()
     return run
+
+
+@contextmanager
+def _cached(pipe, spec: RunSpec, steps: int):
+    """``spec``'s step cache on ``pipe``'s denoiser inside the block (none when it names none)."""
+    if spec.cache is None:
+        yield
+        return
+    name, settings = parse_cache(spec.cache)
+    remove = apply_cache(pipe, name, steps, settings)
+    try:
+        yield
+    finally:
+        remove()
 
 
 @contextmanager

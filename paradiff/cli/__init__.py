@@ -27,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .. import __version__
+from ..caches import CACHE_NAMES
 from ..devices import DTYPES
 from ..errors import ParadiffError, PeerFailure
 from ..launch import RanksFailed, run_on_ranks, under_torchrun
@@ -373,6 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="how many built-in scenes to draw when no --prompt or --prompts-file is given (default: 4); "
         "prompt i uses seed + i",
+    )
+    ben.add_argument(
+        "--cache",
+        action="append",
+        metavar="NAME[:SETTINGS]",
+        help=f"also run with a diffusers step cache on the denoiser, on one device and under every strategy and "
+        f"warm-up (repeatable): {', '.join(CACHE_NAMES)}, optionally with fields of its diffusers config as a JSON "
+        "object, e.g. 'first-block:{\"threshold\": 0.1}'",
     )
     _add_prompts(ben)
     _add_workload(ben)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..bench.job import DEFAULT_PROMPTS, BenchJob
+from ..caches import parse_cache
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
@@ -33,6 +34,9 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
     for strategy in strategies:
         ParallelConfig(strategy=strategy)  # raises "unknown strategy 'x'; available: ..."
         check_world(strategy, nproc)  # raises "strategy='cfg' runs ... got a world of 3 ..."
+    caches = tuple(dict.fromkeys(args.cache or ()))
+    for cache in caches:
+        parse_cache(cache)  # raises "unknown cache 'x'; available: ..." or names the settings' JSON error
     check_model(args.model)
     _make_writable_folder(args.out)
     return BenchJob(
@@ -55,6 +59,7 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
         negative_prompt=args.negative_prompt,
         json=getattr(args, "json", False),
         timeout_s=args.timeout,
+        caches=caches,
     )
 
 

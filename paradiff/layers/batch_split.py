@@ -75,12 +75,14 @@ class CfgSplitHook(CallContextHook):
         latent, context = inputs[family.latent_arg], self.context.name
         comm.state.enter_call(context, inputs[family.timestep_arg] if family.timestep_arg else 0)
         if latent.shape[0] % 2 == 0:
+            comm.state.cfg_call = "halves"
             half_args, half_kwargs = self.halve(bound)
             output = self.fn_ref.original_forward(*half_args, **half_kwargs)
             return replace_output_sample(output, comm.all_gather_output(output_sample(output), dim=0, kind=CFG))
         timestep = inputs[family.timestep_arg] if family.timestep_arg else 0
         if not self.pair.paired(timestep):
             raise ParadiffError(odd_batch_message(latent.shape[0], self.alone))
+        comm.state.cfg_call = "second" if self.pair.index else "first"
         if inputs.get("return_dict", True):
             raise ParadiffError(
                 "the CFG split pairs two-call guidance only for calls with return_dict=False, as diffusers' "

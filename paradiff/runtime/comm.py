@@ -61,6 +61,8 @@ OUTPUT = "output"
 CFG = "cfg"
 #: Activations passed from one pipeline stage to the next (pipefusion).
 PIPE = "pipe"
+#: The sums of a per-step measure gathered from the ranks that each hold part of it (``runtime.shared_measure``).
+MEASURE = "measure"
 
 
 @dataclass
@@ -141,6 +143,7 @@ class CommStats:
             "stale_layer_exchanges": self.total(STALE).exchanges,
             "cfg_gathers": self.total(CFG).exchanges,
             "stage_transfers": self.total(PIPE).exchanges,
+            "measure_agreements": self.total(MEASURE).exchanges,
             "per_step": [
                 {
                     "step": step,
@@ -463,6 +466,10 @@ class DisplacedBucket:
         self.in_flight: set[tuple[str, str]] = set()
         self.pending: list = []
 
+    def holds(self, channel: str, key: str) -> bool:
+        """Whether a piece of ``key`` can go into this bucket: while its layout is recorded, or if it is in it."""
+        return self.layout is None or (channel, key) in self.layout
+
     def put(self, channel: str, key: str, tensor: torch.Tensor) -> None:
         if self.layout is None:
             self.recording[(channel, key)] = tensor.detach().clone()
@@ -542,8 +549,12 @@ class _LayerExchange:
       it is still in flight), then launch this step's transfer on the background group into the
       other buffer (double-buffered: the buffer being read is never the one being written);
     * displaced, small piece: return what the previous call's bucket brought, put this step's piece
-      into this call's bucket.
+      into this call's bucket; a layer the bucket's recorded layout lacks (a step cache skipped it on the
+      call that recorded it) sends its piece on its own, as a large one.
     """
+
+    #: The bucket channels its pieces travel in.
+    channels: tuple[str, ...] = ()
 
     def __init__(self, comm: Communicator, key: str):
         self.comm, self.key = comm, key
@@ -560,7 +571,9 @@ class _LayerExchange:
             comm.record(SYNC, nbytes, comm.wait(works))
             self.latest = received
             return received
-        if sum(tensor_bytes(p) for p in parts) >= comm.bucket_limit_bytes:
+        bucket = comm.bucket()
+        in_layout = all(bucket.holds(channel, self.key) for channel in self.channels)
+        if sum(tensor_bytes(p) for p in parts) >= comm.bucket_limit_bytes or not in_layout:
             wait_s = self.drain()
             stale = self.latest if self.latest is not None else initial()
             reuse = self.spare if self.latest is not None else None
@@ -569,7 +582,6 @@ class _LayerExchange:
             self.spare, self.latest = (stale if self.latest is not None else None), received
             comm.record(STALE, nbytes, wait_s)
             return stale
-        bucket = comm.bucket()
         stale = self._from_bucket(bucket)
         if stale is None:
             stale = self.latest if self.latest is not None else initial()
@@ -598,6 +610,8 @@ class _LayerExchange:
 class SlotExchange(_LayerExchange):
     """One layer's all-gather of an equal-sized piece per rank."""
 
+    channels = ("all",)
+
     def gather(self, local: torch.Tensor, synchronous: bool) -> list[torch.Tensor]:
         """Every rank's piece: this step's if ``synchronous``, else the previous step's (own slot included).
 
@@ -625,6 +639,8 @@ class NeighbourExchange(_LayerExchange):
     returns ``(from_above, from_below)``: the band above's bottom rows and the band below's top rows
     (``None`` at the image border).
     """
+
+    channels = ("up", "down")
 
     def __init__(self, comm: Communicator, key: str, tag: int):
         super().__init__(comm, key)

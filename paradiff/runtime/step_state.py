@@ -62,6 +62,10 @@ class StepState:
     step: int = -1
     call_in_step: int = 0
     partition: RowPartition | None = None
+    #: How the CFG split runs the call in progress (its hook sets it; None without one): "halves" (each group of
+    #: the split runs half of the call's batch), "first" or "second" (the call is the first or the second of a
+    #: step's two calls of two-call guidance, which the groups run one each).
+    cfg_call: str | None = None
     buffers: dict = field(default_factory=dict)
     _cursors: dict[str, _ContextCursor] = field(default_factory=dict)
 
@@ -71,7 +75,7 @@ class StepState:
         self.run += 1
         self.buffers.clear()
         self._cursors.clear()
-        self.step, self.call_in_step, self.context = -1, 0, "default"
+        self.step, self.call_in_step, self.context, self.cfg_call = -1, 0, "default", None
 
     def drain(self) -> None:
         """Wait for collectives still in flight so none leaks into the next run."""

@@ -75,6 +75,7 @@ def components_for(degree: int, stride: int) -> int:
 
 class AsyncDiffStrategy(Strategy):
     name = "asyncdiff"
+    call_split = "blocks"
     Options = AsyncDiffOptions
     needs = (Capability.COMPONENTS,)
     world = "world = its components, + 1 with asyncdiff_stride=2"

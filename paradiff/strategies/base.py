@@ -77,6 +77,11 @@ class Strategy:
     refusal_hint: ClassVar[str] = ""
     #: The CFG split alone (``cfg``): sets ``cfg_parallel`` and runs no strategy within the halves.
     cfg_split_alone: ClassVar[bool] = False
+    #: How one denoiser call's work lies on the group's ranks, which the step caches a user applied read
+    #: (``paradiff.caches``): "tokens" (each rank a part of every call's tokens), "batch" (each rank a part of its
+    #: batch), "whole" (each rank runs whole calls), "blocks" (each rank some of the blocks), "pieces" (each rank
+    #: some of the blocks, over pieces of a call that follow one another); None: undeclared, so caches are refused.
+    call_split: ClassVar[str | None] = None
     #: How many ranks it runs on, as messages about supported combinations say it.
     world: ClassVar[str] = "world = its degree"
     #: Whether it can re-install on a model whose layers were replaced after ``parallelize`` (a LoRA loaded,

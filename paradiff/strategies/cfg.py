@@ -49,6 +49,7 @@ def cfg_free_reason(pipe, denoiser: nn.Module) -> str | None:
 
 class CfgStrategy(Strategy):
     name = "cfg"
+    call_split = "batch"
     uses_warmup = False
     model_agnostic = True
     cfg_split_alone = True

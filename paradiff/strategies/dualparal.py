@@ -111,6 +111,7 @@ class DualParalOptions(StrategyOptions):
 
 class DualParalStrategy(Strategy):
     name = "dualparal"
+    call_split = "pieces"
     Options = DualParalOptions
     needs = (Capability.FRAME_BLOCKS,)
     refusal_hint = f"; use {DIFFUSION_FORCING}"

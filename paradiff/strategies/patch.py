@@ -52,6 +52,7 @@ class PatchOptions(StrategyOptions):
 
 class PatchStrategy(Strategy):
     name = "patch"
+    call_split = "tokens"
     Options = PatchOptions
     needs = (Capability.TOKEN_PLAN, Capability.ROW_BANDS)
 

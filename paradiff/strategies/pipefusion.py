@@ -84,6 +84,7 @@ class PipeFusionOptions(StrategyOptions):
 
 class PipeFusionStrategy(Strategy):
     name = "pipefusion"
+    call_split = "pieces"
     Options = PipeFusionOptions
     needs = (Capability.BLOCK_CHAIN,)
     follows_model_changes = False

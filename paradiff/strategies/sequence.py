@@ -82,6 +82,7 @@ class SequenceStrategy(Strategy):
     sequence_dim = ""
     uses_warmup = False
     needs = (Capability.CONTEXT_PARALLEL,)
+    call_split = "tokens"
 
     #: Whether the keys and values travel around a ring (``ring``) rather than in all-to-alls (``ulysses``).
     ring_exchange: ClassVar[bool] = False
