@@ -222,7 +222,7 @@ def test_parastep_refuses_a_pipeline_that_copies_its_scheduler(pool2):
 def test_a_pipeline_without_per_frame_noise_levels_is_refused(monkeypatch, family):
     monkeypatch.setenv("WORLD_SIZE", "2")
     pipe, _ = build(family)
-    with pytest.raises(ParadiffError, match=r"one noise level per frame .*SkyReelsV2DiffusionForcingPipeline"):
+    with pytest.raises(ParadiffError, match=r"one noise level per frame.*SkyReelsV2DiffusionForcingPipeline"):
         paradiff.parallelize(pipe, strategy="dualparal")
     assert not hasattr(pipe, "_paradiff") and not dist.is_initialized()
 
