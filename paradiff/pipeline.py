@@ -227,7 +227,7 @@ class AutoState:
             pipe.__class__ = auto_class
             raise
         del pipe._paradiff
-        parallelize(pipe, **{**self.options, **choice.prediction.parallelize_options()})
+        parallelize(pipe, **{**choice.prediction.parallelize_options(), **self.options})  # the warm-up asked wins
         pipe._paradiff.choice = choice
         return pipe._paradiff.call(pipe, stock_call, args, kwargs)
 
