@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from exactness import assert_exact, latents, relative_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -423,7 +424,6 @@ def test_the_overlap_timing_issues_the_same_transfers_on_every_rank(pool2):
 
 def auto_against_one_device(fidelity: str, model: str | None = None) -> dict:
     """``strategy="auto"`` against one device: on the tiny SD pipeline, or the built-in ``model`` (as loaded)."""
-    import numpy as np
 
     import paradiff
     from paradiff.loading import load_pipeline, prompt_kwargs
@@ -437,32 +437,33 @@ def auto_against_one_device(fidelity: str, model: str | None = None) -> dict:
     def draw():
         inputs = prompt_inputs(pipe, "sd") if model is None else prompt_kwargs(pipe, model, "a red circle")
         generator = torch.Generator().manual_seed(0)
-        return pipe(**inputs, height=SIZE, width=SIZE, num_inference_steps=6, generator=generator, output_type="np")
+        return latents(
+            pipe(**inputs, height=SIZE, width=SIZE, num_inference_steps=6, generator=generator, output_type="latent")
+        )
 
-    reference = draw().images
+    reference = draw()
     pipe = paradiff.parallelize(pipe, strategy="auto", fidelity=fidelity)
     with pytest.raises(paradiff.ParadiffError, match="picks its strategy at the first call"):
         paradiff.plan_of(pipe)
-    images = draw().images
+    output = draw()
     choice = paradiff.plan_of(pipe)
     paradiff.unparallelize(pipe)
-    error = float(np.abs(images - reference).max())
     return {
-        "error": error,
+        "error": relative_error(output, reference),
         "strategy": choice.prediction.strategy,
         "exact": choice.prediction.exact,
         "reason": choice.reason,
-        "images": images,
+        "output": output,
     }
 
 
 @pytest.mark.timeout(240)
 def test_auto_plans_its_first_call_and_stays_exact(pool2):
     results = pool2.run(auto_against_one_device, "exact")
+    assert_exact(results, "auto")
     for result in results:
-        assert result["exact"] and result["error"] <= 1e-5, result["reason"]
+        assert result["exact"], result["reason"]
         assert result["strategy"] == results[0]["strategy"] and "predicted over one device" in result["reason"]
-        assert (result["images"] == results[0]["images"]).all()
 
 
 @pytest.mark.timeout(240)
@@ -470,8 +471,9 @@ def test_auto_plans_the_first_call_of_pixart_under_dpm_solver(pool2):
     """The planner calls the pipeline itself (the decode's timing among them) with 2 steps, not 1: the built-in
     PixArtAlphaPipeline's one-step path indexes a scheduler result DPM-Solver++ does not return (IndexError)."""
     results = pool2.run(auto_against_one_device, "exact", "paradiff-tiny-dit")
+    assert_exact(results, "auto on the built-in DiT")
     for result in results:
-        assert result["exact"] and result["error"] <= 1e-5, result["reason"]
+        assert result["exact"], result["reason"]
         assert result["strategy"] == results[0]["strategy"]
 
 

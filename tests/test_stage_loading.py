@@ -4,10 +4,10 @@ one of the whole model."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from exactness import TOLERANCE, relative_error
 from patch_cases import generate
 
 import paradiff
@@ -32,18 +32,18 @@ def stage_loaded_against_whole(folder: str, family: str) -> dict:
     """The whole pipeline's one-device image; then the pipeline loaded by stage, what it held, its image."""
     whole = load_pipeline(folder)
     inputs = prompt_inputs(whole, family)
-    reference = generate(whole, inputs, 64, STEPS)
+    reference = generate(whole, inputs, 64, STEPS, output_type="latent")
     whole_bytes = _held_bytes(whole.transformer)
     pipe = load_stage_pipeline(folder, device="cpu")
     held = loaded_stage(pipe.transformer)
     loaded_bytes = _held_bytes(pipe.transformer)
     pipe = paradiff.parallelize(pipe, strategy="pipefusion", warmup_steps=STEPS)
     try:
-        image = generate(pipe, inputs, 64, STEPS)
+        image = generate(pipe, inputs, 64, STEPS, output_type="latent")
         after_bytes = _held_bytes(pipe.transformer)
     finally:
         paradiff.unparallelize(pipe)
-    restored = generate(pipe, inputs, 64, STEPS)
+    restored = generate(pipe, inputs, 64, STEPS, output_type="latent")
     return {
         "rank": dist.get_rank(),
         "stages": held.stages,
@@ -54,8 +54,8 @@ def stage_loaded_against_whole(folder: str, family: str) -> dict:
         "shared_bytes": sum(
             t.numel() * t.element_size() for n, t in whole.transformer.named_parameters() if n in held.shared
         ),
-        "difference": float(np.abs(image - reference).max() / np.abs(reference).max()),
-        "restored_difference": float(np.abs(restored - reference).max()),
+        "difference": relative_error(image, reference),
+        "restored_difference": relative_error(restored, reference),
         "whole_again": loaded_stage(pipe.transformer) is None and _held_bytes(pipe.transformer) == whole_bytes,
     }
 
@@ -75,8 +75,8 @@ def test_each_rank_loads_its_stage_only_and_draws_the_whole_models_image(pool2, 
     assert sum(loaded) - shared == whole  # the stages' blocks once each, the shared layers on both ranks
     assert all(r["after_bytes"] == r["loaded_bytes"] for r in results)  # parallelize loads and frees nothing more
     for result in results:
-        assert result["difference"] <= 1e-5
-        assert result["whole_again"] and result["restored_difference"] <= 1e-4
+        assert result["difference"] <= TOLERANCE
+        assert result["whole_again"] and result["restored_difference"] <= TOLERANCE
 
 
 def refused(folder: str, **options) -> str:
