@@ -24,6 +24,7 @@ and ``parallelize`` frees them the same way.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ from ..layers.sdpa_kv import SDPACompletionHook
 from ..models import Capability, DenoiserFamily, family_of
 from ..runtime.comm import Communicator
 from ..stages.blocks import (
+    CFG_HALVES_DRAIN,
     PassThroughHook,
     PatchKV,
     PatchText,
@@ -47,6 +49,7 @@ from ..stages.blocks import (
 )
 from ..stages.cut import balanced_cut, measured_costs
 from ..stages.load_stage import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
+from ..stages.next_call import NextCall
 from ..stages.release import params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums
@@ -64,12 +67,18 @@ class PipeFusionOptions(StrategyOptions):
             efficiently).
         pipefusion_stages: number of transformer blocks of each stage, in block order (one entry per rank of the
             pipeline); ``None`` (default): contiguous stages of about equal measured cost.
+        pipefusion_flow: after warm-up, start the next denoiser call's first patches while the last stage finishes
+            this call's (True, default: each rank idles only while the pipeline first fills), or drain the pipeline
+            at the end of every call (False). Both compute the same result.
     """
 
     pipefusion_patches: int | None = None
     pipefusion_stages: tuple[int, ...] | None = None
+    pipefusion_flow: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.pipefusion_flow, bool):
+            raise ParadiffError(f"pipefusion_flow must be True or False, got {self.pipefusion_flow!r}")
         patches, stages = self.pipefusion_patches, self.pipefusion_stages
         if patches is not None and not is_count(patches, 1):
             raise ParadiffError(f"pipefusion_patches must be None or an integer >= 1, got {patches!r}")
@@ -157,9 +166,17 @@ class PipeFusionStrategy(Strategy):
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
         installed = PipeFusionInstallation(denoiser, self.name, comm, blocks, cut)
+        block_hooks = {i: PassThroughHook(stack) for i in range(len(blocks)) if i != first}
+
+        def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
+            return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
+
+        flows, why = self.flows()
+        call = installed.call = PipelineCall(comm, stack, Stage(stack, comm, stage_forwards), flows, why)
 
         def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:
-            return PatchKV(comm, f"{installed.hook_name}.{name}.k"), PatchKV(comm, f"{installed.hook_name}.{name}.v")
+            prefix = f"{installed.hook_name}.{name}"
+            return PatchKV(comm, f"{prefix}.k", call.undo), PatchKV(comm, f"{prefix}.v", call.undo)
 
         own_modules = {id(m) for i in mine for m in blocks[i].modules()}
         layers = [(name, attn) for name, attn in family.self_attention(denoiser) if id(attn) in own_modules]
@@ -170,14 +187,8 @@ class PipeFusionStrategy(Strategy):
         else:
             kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
 
-        call = PipelineCall(comm)
         installed.hook(denoiser, PipelineCallHook(family, call, self.options.pipefusion_patches, vae_scale_factor))
-        block_hooks = {i: PassThroughHook(stack) for i in range(len(blocks)) if i != first}
-
-        def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
-            return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
-
-        block_hooks[first] = StageEntryHook(Stage(stack, call, stage_forwards))
+        block_hooks[first] = StageEntryHook(call)
         for index, block in enumerate(blocks):
             installed.hook(block, block_hooks[index])
         for module, layer_hook in kv_hooks:
@@ -187,6 +198,14 @@ class PipeFusionStrategy(Strategy):
         installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
+
+    def flows(self) -> tuple[bool, str]:
+        """Whether denoiser calls may flow into the next one, and why not."""
+        if not self.options.pipefusion_flow:
+            return False, "pipefusion_flow=False: each call drains"
+        if self.groups is not None and self.groups.cfg is not None:
+            return False, CFG_HALVES_DRAIN
+        return True, ""
 
 
 def default_patches(token_rows: int, stages: int) -> int:
@@ -205,6 +224,22 @@ class PipeFusionInstallation(Installation):
         self.blocks, self.cut = blocks, tuple(cut)
         #: Shapes of the parameters freed on this rank (the other stages'), by ``id`` of the parameter.
         self.released: dict[int, torch.Size] = {}
+        self.call: PipelineCall | None = None
+
+    @contextlib.contextmanager
+    def steer(self, pipe):
+        """For one ``pipe(...)`` call: the forecast of the pipeline's next denoiser call, from its scheduler."""
+        call = self.call
+        if not call.flows:
+            yield
+            return
+        family = family_of(self.model)
+        call.forecast = NextCall(pipe.scheduler, family.latent_arg, family.timestep_arg)
+        try:
+            with call.forecast.watch():
+                yield
+        finally:
+            call.forecast = None
 
     def restore(self) -> None:
         """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it; the
