@@ -414,7 +414,7 @@ class _ObservedStep(functools.partial):
     """
 
     def __deepcopy__(self, memo):
-        forecast = self.args[0].__self__
+        forecast = self.func.__self__
         forecast.copied()
         clone = memo.get(id(forecast.scheduler))
         return types.MethodType(type(forecast.scheduler).step, clone) if clone is not None else self
