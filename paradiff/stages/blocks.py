@@ -2,10 +2,11 @@
 
 The denoiser's own forward still runs on every rank: embeddings, the loop over the blocks, the head.
 Each block carries a hook. On the first block of this rank's stage the hook runs the whole stage over
-every patch of the call (receiving each patch from the previous stage, sending it on to the next);
-every other block hands its input on unchanged, because another rank computes it or the stage's run
-already did. The last stage's run returns the whole sequence, so the head computes the true output
-there; the hook on the denoiser then overwrites the other ranks' output with it.
+every patch of the call (receiving each patch from the previous stage, sending it on to the next; after
+warm-up also the next call's first patches, :mod:`.flow`); every other block hands its input on
+unchanged, because another rank computes it or the stage's run already did. The last stage's run
+returns the whole sequence, so the head computes the true output there; the hook on the denoiser then
+overwrites the other ranks' output with it.
 
 A call runs the whole sequence as one patch (exact: every attention layer sees this step's keys and
 values of every token) during warm-up, and in ``M`` patches of whole rows afterwards: each attention

@@ -9,10 +9,20 @@ attending to a buffer of the whole image's K/V, one step stale outside the patch
 (``paradiff.stages.blocks``). The family (``paradiff.models``) says where the blocks are and what
 they pass on; this module knows no model class.
 
-The pipeline drains at the end of every call: the pipeline's own ``__call__`` (CFG combine, scheduler
-step, callbacks) runs between two denoiser calls, and no patch of the next step exists before it has
-run on the whole latent. Each call therefore leaves each rank idle for about N−1 of M+N−1 patch slots,
-measured per call as ``idle_share`` in ``paradiff.comm_stats``.
+After warm-up the pipeline flows from one denoiser call into the next instead of draining at the end
+of each (``paradiff.stages.flow``): stage 0 starts patch p of the next call as soon as the last stage has
+finished patch p of this one, so each rank idles only while the pipeline first fills. The pipeline's own
+loop (CFG combine, scheduler step, callbacks) still runs between the calls, on every rank, and nothing of
+it is forked or re-implemented: its work is per position in every stock pipeline, so the next call's
+input at a finished patch's rows is worked out ahead (``paradiff.stages.next_call``: a copy of the
+scheduler, the pipeline's guidance and input forms, each learned bit for bit from what the pipeline does
+at its first steps), and every rank checks what it computed ahead against the call the pipeline then
+makes. Each stage runs its patches in the same order as when the pipeline drains, so each layer's buffer
+holds the same mix of fresh and stale patches: flowing computes what draining computes, bit for bit.
+A call that differs (a callback that edits latents, a loop the forecast does not reproduce) is undone
+and drains, and so do the later ones; ``comm_stats(pipe)["flow"]`` says so. ``pipefusion_flow=False``
+drains every call; so does a pipeline whose CFG halves are split over ranks (``cfg_parallel``). Each call
+measures the share of it each rank spent idle, ``idle_share`` in ``paradiff.comm_stats``.
 
 Memory: the other stages' parameters are freed, not copied anywhere (each keeps its ``Parameter``
 object, holding an empty tensor). ``unparallelize`` restores them exactly by broadcasting each
