@@ -35,6 +35,7 @@ and ``parallelize`` frees them the same way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -106,20 +107,29 @@ class PipeFusionStrategy(Strategy):
     Options = PipeFusionOptions
     needs = (Capability.BLOCK_CHAIN,)
 
+    #: Draining at every call is predicted beside flowing (the default).
+    plan_variants = (((("pipefusion_flow", False),), 2),)
+
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
-        """1/N of the blocks over M patches in M + N − 1 slots (the pipeline fills and drains every call);
-        embeddings and head on every rank; each stage passes its patch's hidden states on."""
-        w, groups = m.w, m.groups
-        patches = setting.options.get("pipefusion_patches") or default_patches(w.token_rows, n)
-        stage = max(balanced_sums(tuple(f / groups for f in w.unit_flops), n))
-        outside = (w.flops - w.stack_flops) / groups
-        boundary = max(w.unit_output_bytes, default=0.0) / groups
-        sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), m.calls * (n - 1))
-        compute = (patches + n - 1) * m.compute(stage / patches, calls=1 / n) + m.compute(outside, calls=0)
-        transfer = m.transfer(boundary, m.calls * patches)
-        weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
-        return StepCost(sync, m.displaced(compute, transfer), boundary, boundary, weights + w.kv_bytes / groups / n)
+        """1/N of the blocks per rank over M patches per call; the embeddings and head on every rank; each stage
+        passes its patch's hidden states on. Draining, each call runs M + N − 1 patch slots; flowing, M, plus one
+        forward around the blocks per patch worked out ahead on the first and the last stage, a vote per call
+        and the next latents sent from the last stage to the first, and the N − 1 slots of filling the pipeline
+        once; under the CFG split each call drains (its next latent needs both halves). Without
+        ``pipefusion_patches`` the plan chooses the M (a divisor of the token rows, at least N) whose loop is
+        fastest."""
+        flows = setting.options.get("pipefusion_flow", True) and m.groups == 1
+        patches = setting.options.get("pipefusion_patches")
+        if patches is not None:
+            return _pipeline_step(m, n, patches, flows)
+        rows = m.w.token_rows
+        costs = [_pipeline_step(m, n, p, flows) for p in range(n, rows + 1) if rows % p == 0] or [
+            _pipeline_step(m, n, default_patches(rows, n), flows)
+        ]
+        displaced = max(setting.displaced, 1)
+        best = min(costs, key=lambda cost: displaced * cost.displaced_s + cost.fill_s)
+        return dataclasses.replace(best, chosen={"pipefusion_patches": best.chosen["pipefusion_patches"]})
 
     @classmethod
     def check_world(cls, degree: int, config) -> None:
@@ -216,6 +226,37 @@ class PipeFusionStrategy(Strategy):
         if self.groups is not None and self.groups.cfg is not None:
             return False, CFG_HALVES_DRAIN
         return True, ""
+
+
+def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCost:
+    """The step of N = ``n`` stages over ``patches`` patches per call, flowing from call to call or draining."""
+    w, groups, calls = m.w, m.groups, m.calls
+    stage = max(balanced_sums(tuple(f / groups for f in w.unit_flops), n))
+    outside = (w.flops - w.stack_flops) / groups  # embeddings and head: every rank, every call
+    boundary = max(w.unit_output_bytes, default=0.0) / groups
+    slot = m.compute(stage / (calls * patches), calls=1 / (n * calls))  # one patch through one stage
+    sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), calls * (n - 1))
+    transfer = m.transfer(boundary, calls * patches)
+    kv = w.kv_bytes / groups / n  # this stage's layers' buffers of the whole image, per call of a step
+    weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
+    if not flows:
+        compute = calls * (patches + n - 1) * slot + m.compute(outside, calls=0)
+        memory = weights + kv
+        return StepCost(
+            sync, m.displaced(compute, transfer), boundary, boundary, memory, 0.0, {"pipefusion_patches": patches}
+        )
+    around = m.compute(outside / calls, calls=0) + m.hw.call_overhead_s  # a forward around the blocks
+    latents = w.latent_bytes / groups  # the next latent, from the last stage to the first, per worked-out patch
+    ring = m.transfer(latents / calls, 1)
+    late = max(0.0, 2 * around + ring - (patches - n) * slot)  # when the next latent comes later than needed
+    vote = m.transfer(8.0, 1)
+    compute = calls * (patches * slot + (n - 1) * around + vote + late) + m.compute(outside, calls=0)
+    transfer += m.transfer(latents * (n - 1), calls * (n - 1))
+    memory = weights + kv * (1 + (n - 1) / patches)  # + what the patches worked out ahead overwrite, kept to undo
+    nbytes = max(boundary, latents * (n - 1))  # the busiest rank: a stage's patches, or the last stage's latents
+    return StepCost(
+        sync, m.displaced(compute, transfer), boundary, nbytes, memory, (n - 1) * slot, {"pipefusion_patches": patches}
+    )
 
 
 def default_patches(token_rows: int, stages: int) -> int:
