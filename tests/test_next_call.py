@@ -12,7 +12,6 @@ import copy
 import pytest
 import torch
 from diffusers.hooks import HookRegistry
-from family_pipelines_video import build_video_pipeline
 from patch_cases import flux_true_cfg_inputs
 
 from paradiff.compat import CallContextHook, invalidate_hook_cache, remove_hook
@@ -20,7 +19,7 @@ from paradiff.layers.split import output_sample
 from paradiff.models import family_of, find_denoiser
 from paradiff.models.base import bind_inputs
 from paradiff.stages.next_call import Guidance, NextCall, fit_guidance
-from paradiff.tiny import build_pipeline, prompt_inputs
+from paradiff.tiny import build, build_pipeline, prompt_inputs
 
 STEPS = 5
 
@@ -111,7 +110,7 @@ def test_every_call_is_worked_out_bit_for_bit(family, scheduler, true_cfg, guida
 
 def test_a_video_pipeline_with_two_calls_per_step_is_worked_out():
     """Wan: CFG as two calls per step in cache_context("cond"/"uncond"), flow-matching scheduler, 5-D latents."""
-    pipe, call = build_video_pipeline("wan")
+    pipe, call = build("wan")
     forecast, check = forecast_run(pipe, {**call, "num_inference_steps": STEPS})
     assert forecast.refusal is None and forecast.guidance.kind == "calls"
     assert check.checked == 2 * (STEPS - 1) - 1 and check.differing == []
