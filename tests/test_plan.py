@@ -3,6 +3,7 @@ the strategies send, and the command."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -199,6 +200,39 @@ def test_pipefusion_flowing_draining_and_the_patches_the_plan_chooses():
     )
     assert split.predicted_step_s == pytest.approx(drained.predicted_step_s)
     assert split.memory_mb == pytest.approx(drained.memory_mb)
+
+
+def test_a_setting_whose_memory_per_rank_exceeds_a_device_is_marked_and_never_picked():
+    """A device of 300 MB: ``patch``'s buffer of the whole image's K/V (381 MB) does not fit, ``pipefusion``'s of
+    its stage's layers does; the plan names both, and neither its pick nor ``auto``'s (``Plan.best``) is ``patch``."""
+    from paradiff.plan.costs import Fixed
+    from paradiff.plan.job import Plan
+    from paradiff.plan.printout import plan_lines
+
+    w = _workload(kv_bytes=4e8, attention_layers=2)
+    small = dataclasses.replace(HARDWARE, memory_bytes=300 * 2**20)
+    rows = tuple(predict(w, small, "float16", strategy, 2, 10, 1) for strategy in ("patch", "pipefusion", "ulysses"))
+    assert [row.fits for row in rows] == [False, True, True]
+    assert rows[0].predicted_speedup > rows[1].predicted_speedup > rows[2].predicted_speedup  # patch would win
+    assert predict(w, HARDWARE, "float16", "patch", 2, 10, 1).fits  # no memory figure: nothing refused
+    plan = Plan("M", SIZE, None, 10, 2, "float16", small, w, Fixed(), rows)
+    assert plan.best(exact=False).strategy == "pipefusion" and plan.best(exact=True).strategy == "ulysses"
+    assert plan.unfit() == (
+        "patch (381 MB) need more than a device's 300 MB per rank; fits: pipefusion pipefusion_patches=64, ulysses"
+    )
+    lines = plan_lines(plan)
+    assert f"does not fit: {plan.unfit()}" in lines
+    assert any(line.startswith("patch ") and line.endswith("no, does not fit") for line in lines)
+    alone = Plan("M", SIZE, None, 10, 2, "float16", small, w, Fixed(), rows[:1])
+    assert alone.best(exact=False) is None
+    assert "fastest: none — no strategy fits in a device's memory on 2 ranks" in plan_lines(alone)
+    assert hardware_profile("l40-pcie").memory_bytes == 45 * 2**30
+
+
+def test_a_cpu_rank_has_no_device_memory_to_check():
+    from paradiff.plan.calibrate import device_memory
+
+    assert device_memory(torch.device("cpu")) is None
 
 
 def test_a_balanced_cut_keeps_the_largest_component_small():

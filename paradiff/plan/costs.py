@@ -55,6 +55,8 @@ class Prediction:
     memory_mb: float
     #: Whether the result equals one device's within float round-off.
     exact: bool
+    #: Whether ``memory_mb`` fits in one rank's device memory (True when the machine's memory is not known).
+    fits: bool = True
     #: Strategy options this setting runs with, beyond the warm-up and the CFG split (``parallelize``'s keywords).
     options: dict = field(default_factory=dict)
 
@@ -149,6 +151,7 @@ def predict(
         bytes_per_step=loop_bytes / iterations + cfg_bytes,
         memory_mb=step.memory_bytes / 2**20,
         exact=cls.predicted_exact(synced, iterations, blocks),
+        fits=hardware.fits(step.memory_bytes),
         options={name: value for name, value in options.items() if getattr(defaults, name) != value},
     )
 
