@@ -5,14 +5,14 @@
 
 One device first (this process, 1 thread), then each strategy on N gloo ranks (1 thread each), all on
 the same bench-size pipeline (``paradiff.tiny``, size "bench") with the same prompt and seed:
-diffusers' own Ulysses (``ulysses``), displaced patch parallelism (``patch``), PipeFusion
-(``pipefusion``) and the CFG split (``cfg``, 2 ranks only). Per strategy: latency and speedup over one
-device, bytes sent per step by the busiest rank, time blocked on communication (busiest rank), peak
-resident memory per rank during the call (the largest rank's; Linux VmHWM, reset before the call)
-and the denoiser parameters each rank holds, the PSNR of the image against the one-device image, and
-for PipeFusion the share of its denoiser calls each rank spent idle waiting for another stage
-(displaced steps, mean over ranks) next to the drain model's (N−1)/(M+N−1). Prints a table and
-writes JSON.
+diffusers' own Ulysses (``ulysses``), displaced patch parallelism (``patch``), PipeFusion flowing from
+call to call (``pipefusion``) and draining at every call (``pipefusion-drain``, ``pipefusion_flow=False``),
+and the CFG split (``cfg``, 2 ranks only). Per strategy: latency and speedup over one device, bytes
+sent per step by the busiest rank, time blocked on communication (busiest rank), peak resident
+memory per rank during the call (the largest rank's; Linux VmHWM, reset before the call) and the
+denoiser parameters each rank holds, the PSNR of the image against the one-device image, and for
+PipeFusion the share of its displaced denoiser calls each rank spent idle waiting for another stage,
+rank by rank, next to the drain model's (N−1)/(M+N−1). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -64,12 +64,18 @@ def one_device(family: str, size: int, steps: int) -> dict:
     }
 
 
-def on_ranks(family: str, size: int, steps: int, strategy: str, warmup: int, patches: int | None) -> dict:
+#: Labels of settings that are a strategy with options: the label, the strategy, the options.
+VARIANTS = {"pipefusion-drain": ("pipefusion", {"pipefusion_flow": False})}
+
+
+def on_ranks(family: str, size: int, steps: int, label: str, warmup: int, patches: int | None) -> dict:
     import torch.distributed as dist
 
     import paradiff
 
-    options = {"pipefusion_patches": patches} if strategy == "pipefusion" else {}
+    strategy, options = VARIANTS.get(label, (label, {}))
+    if strategy == "pipefusion":
+        options = {**options, "pipefusion_patches": patches}
     pipe = paradiff.parallelize(cached_pipeline(family), strategy=strategy, warmup_steps=warmup, **options)
     params_mb = _parameter_mb(pipe.transformer)
     _reset_peak_memory()
@@ -86,6 +92,7 @@ def on_ranks(family: str, size: int, steps: int, strategy: str, warmup: int, pat
         "wait_s": stats["wait_s"],
         "idle_share": stats.get("idle_share"),
         "idle_share_displaced": statistics.mean(displaced) if displaced else None,
+        "flow": stats.get("flow"),
         "peak_mb": peak_mb,
         "params_mb": params_mb,
     }
@@ -105,7 +112,7 @@ def _drain_share(family: str, size: int, nproc: int, patches: int | None) -> tup
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="pixart", help="family of paradiff.tiny, bench size")
-    parser.add_argument("--strategies", default="ulysses,patch,pipefusion,cfg")
+    parser.add_argument("--strategies", default="ulysses,patch,pipefusion,pipefusion-drain,cfg")
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=1, help="warm-up steps of patch and pipefusion")
@@ -158,22 +165,23 @@ def _row(strategy: str, base: dict, results: list[dict], args) -> dict:
         "patches": None,
         "drain_model": None,
     }
-    if strategy == "pipefusion":
+    if strategy.startswith("pipefusion"):
         row["patches"], row["drain_model"] = _drain_share(args.model, args.size, args.nproc, args.patches)
         row["idle_share"] = statistics.mean(r["idle_share"] for r in results)
-        displaced = [r["idle_share_displaced"] for r in results if r["idle_share_displaced"] is not None]
-        row["idle_share_displaced"] = statistics.mean(displaced) if displaced else None
+        row["idle_share_displaced"] = [r["idle_share_displaced"] for r in results]
+        row["flow"] = [r["flow"] for r in results]
     return row
 
 
 def _table(rows: list[dict]) -> str:
     head = (
         "| strategy | ranks | s | speedup | MB/step/rank | wait s | peak MB/rank | params MB/rank | PSNR dB "
-        "| idle (displaced) | drain model |"
+        "| idle per rank (displaced) | drain model |"
     )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
-        idle = "" if r["idle_share_displaced"] is None else f"{100 * r['idle_share_displaced']:.0f}%"
+        shares = r["idle_share_displaced"] or []
+        idle = " / ".join("" if share is None else f"{100 * share:.0f}%" for share in shares)
         quality = "" if r["psnr_db"] is None else f"{r['psnr_db']:.1f}"
         model = "" if r["drain_model"] is None else f"{100 * r['drain_model']:.0f}% (M={r['patches']})"
         lines.append(

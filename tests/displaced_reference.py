@@ -53,6 +53,12 @@ def _with_sample(output, sample: torch.Tensor):
     return output
 
 
+def _grid_rows(sample: torch.Tensor) -> torch.Tensor:
+    """A denoiser output with its token grid's rows along the second-to-last dim: a video's ``(batch, channels,
+    frames, rows, cols)`` as ``(batch, channels, frames × rows, cols)`` (frames then rows, as its tokens run)."""
+    return sample.flatten(2, 3) if sample.ndim == 5 else sample
+
+
 def _rows_dim(sample: torch.Tensor) -> int:
     """The latent rows of a denoiser output ``(batch, channels, [frames,] rows, cols)``."""
     return sample.ndim - 2
@@ -146,44 +152,137 @@ def patch_reference(pipe, call: dict, ranks: int, warmup_steps: int):
         return pipe(**call)
 
 
-def pipefusion_reference(pipe, call: dict, patches: int, warmup_steps: int):
+def pipefusion_reference(pipe, call: dict, patches: int, warmup_steps: int, calls: int = 1, ahead=None):
     """PipeFusion (``pipefusion``) with ``patches`` patches of whole token rows, one patch at a time.
 
     A displaced step t runs the whole model once per patch m = 0..M−1, in order. Each self-attention
-    layer keeps one buffer of the whole image's keys and values: pass m writes patch m's slice and
-    attends to the whole buffer, so patches < m hold this step's values, patch m its own and patches > m
-    those of step t−1 (their pass of step t−1). The step's output is patch m's rows of pass m, for every
-    m. A warm-up step is one exact pass that fills the buffers. How the blocks are cut into stages does
-    not matter: every patch goes through every block in order.
+    layer keeps one buffer of the whole image's keys and values per call of the step (``calls``: two for
+    a CFG run as two calls): pass m writes patch m's slice and attends to the whole buffer, so patches < m
+    hold this step's values, patch m its own and patches > m those of step t−1 (their pass of step t−1).
+    The step's output is patch m's rows of pass m, for every m. A warm-up step is one exact pass that
+    fills the buffers. How the blocks are cut into stages does not matter: every patch goes through every
+    block in order. ``ahead`` (:class:`FlowingAhead`) gives some passes another model input.
     """
     model = denoiser_of(pipe)
-    step = 0
+    calls_done = 0
     patch: int | None = None  # the patch of the current pass; None: an exact pass
-    buffers: dict[nn.Module, torch.Tensor] = {}
+    slot = 0  # the call of the step
+    buffers: dict[tuple[nn.Module, int], torch.Tensor] = {}
 
     def on_output(layer, args, output):
         if patch is None:
-            buffers[layer] = output.detach().clone()
+            buffers[(layer, slot)] = output.detach().clone()
             return output
-        _part(buffers[layer], 1, patch, patches).copy_(_part(output, 1, patch, patches))
-        return buffers[layer].clone()
+        buffer = buffers[(layer, slot)]
+        _part(buffer, 1, patch, patches).copy_(_part(output, 1, patch, patches))
+        return buffer.clone()
 
     def forward(stock, *args, **kwargs):
-        nonlocal step, patch
-        index, step = step, step + 1
-        if index <= warmup_steps:
+        nonlocal calls_done, patch, slot
+        index, calls_done = calls_done, calls_done + 1
+        slot = index % calls
+        if index // calls <= warmup_steps:
             patch = None
-            return stock(*args, **kwargs)
+            output = stock(*args, **kwargs)
+            if ahead is not None:
+                ahead.finished(slot, _sample(output))
+            return output
+        bound = inspect.signature(stock).bind(*args, **kwargs)
         rows = []
         for patch in range(patches):  # the hooks read `patch`
-            output = stock(*args, **kwargs)
+            real = bound.arguments["hidden_states"]
+            if ahead is not None:
+                bound.arguments["hidden_states"] = ahead.input(slot, patch, real)
+            output = stock(*bound.args, **bound.kwargs)
+            bound.arguments["hidden_states"] = real
             sample = _sample(output)
-            rows.append(_part(sample, _rows_dim(sample), patch, patches))
-        return _with_sample(output, torch.cat(rows, _rows_dim(sample)))
+            grid = _grid_rows(sample)
+            rows.append(_part(grid, grid.ndim - 2, patch, patches))
+            if ahead is not None:
+                zeros = [torch.zeros_like(rows[0])] * (patches - len(rows))
+                ahead.patch_done(slot, patch, torch.cat(rows + zeros, grid.ndim - 2).view(sample.shape))
+        output = _with_sample(output, torch.cat(rows, grid.ndim - 2).view(sample.shape))
+        if ahead is not None:
+            ahead.finished(slot, _sample(output))
+        return output
 
     handles = [m.register_forward_hook(on_output) for m in _self_attention_kv(model)]
     with _hooks(handles), _denoiser_forward(model, forward):
         return pipe(**call)
+
+
+class FlowingAhead:
+    """What flowing changes in :func:`pipefusion_reference`: the model input of the first ``stages − 1`` patches of a
+    step that follows a displaced one, worked out before the pipeline passed it.
+
+    Stage 0 starts patch p < N−1 of the next step as soon as the last stage has finished patch p of this one,
+    so those patches run on what the pipeline's loop *will* pass, worked out from this step's output at the
+    rows of patches 0..p (zeros elsewhere): the CFG combination ``u + g·(c − u)`` of the batch halves
+    (``calls=1``) or of the step's two calls, cond first (``calls=2``), the first half of the channels for a
+    model that also predicts its variance, one step of a copy of the scheduler from the latent the pipeline
+    holds, and the model input made from that (repeated for a batched CFG, through ``scale_model_input`` if
+    ``scaled``). A step's second call gets the step's latent, which it had anyway. Each layer's buffer sees
+    the patches in the same order as when the pipeline drains, so flowing equals draining bit for bit when
+    the work ahead is right.
+    """
+
+    def __init__(self, pipe, stages: int, guidance: float, calls: int = 1, scaled: bool = False):
+        self.pipe, self.stages, self.guidance, self.calls, self.scaled = pipe, stages, guidance, calls, scaled
+        self.steps_done = 0
+        self.latent, self.arguments = None, ((), {})
+        self.cond: torch.Tensor | None = None
+        self.worked_out: dict[int, torch.Tensor] = {}
+        self.coming: dict[int, torch.Tensor] = {}
+
+    def input(self, slot: int, patch: int, real: torch.Tensor) -> torch.Tensor:
+        return self.worked_out.get(patch, real) if slot == 0 else real
+
+    def patch_done(self, slot: int, patch: int, partial: torch.Tensor) -> None:
+        scheduler = self.pipe.scheduler
+        if slot == self.calls - 1 and patch < self.stages - 1 and self.steps_done + 1 < len(scheduler.timesteps):
+            self.coming[patch] = self.work_ahead(partial)
+
+    def finished(self, slot: int, output: torch.Tensor) -> None:
+        if slot < self.calls - 1:
+            self.cond = output
+        else:  # the next step's first call reads what this one worked out
+            self.worked_out, self.coming = self.coming, {}
+
+    def work_ahead(self, partial: torch.Tensor) -> torch.Tensor:
+        model, scheduler = denoiser_of(self.pipe), self.pipe.scheduler
+        uncond, cond = partial.chunk(2) if self.calls == 1 else (partial, self.cond)
+        prediction = uncond + self.guidance * (cond - uncond)
+        if model.config.out_channels == 2 * model.config.in_channels:
+            prediction = prediction.chunk(2, dim=1)[0]
+        copy = _scheduler_copy(scheduler)
+        args, kwargs = self.arguments
+        timesteps = copy.timesteps
+        latent = type(scheduler).step(copy, prediction, timesteps[self.steps_done], self.latent, *args, **kwargs)[0]
+        latent = torch.cat([latent] * 2) if self.calls == 1 else latent
+        return copy.scale_model_input(latent, timesteps[self.steps_done + 1]) if self.scaled else latent
+
+    def run(self, call: dict, patches: int, warmup_steps: int):
+        """The pipeline's call under :func:`pipefusion_reference` with this work ahead."""
+        scheduler = self.pipe.scheduler
+        stock_step = type(scheduler).step
+
+        def step(model_output, timestep, sample, *args, **kwargs):
+            output = stock_step(scheduler, model_output, timestep, sample, *args, **kwargs)
+            self.latent, self.arguments = output[0], (args, kwargs)
+            self.steps_done += 1
+            return output
+
+        scheduler.step = step
+        try:
+            return pipefusion_reference(self.pipe, call, patches, warmup_steps, self.calls, self)
+        finally:
+            del scheduler.step
+
+
+def pipefusion_flowing_reference(pipe, call: dict, patches: int, warmup_steps: int, stages: int, **forms):
+    """PipeFusion's flowing pipeline of ``stages`` stages: :func:`pipefusion_reference` with :class:`FlowingAhead`
+    (``forms``: its ``guidance``, ``calls``, ``scaled``)."""
+    return FlowingAhead(pipe, stages, **forms).run(call, patches, warmup_steps)
 
 
 def _scheduler_copy(scheduler):

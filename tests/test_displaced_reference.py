@@ -15,8 +15,10 @@ from displaced_reference import (
     asyncdiff_reference,
     parastep_reference,
     patch_reference,
+    pipefusion_flowing_reference,
     pipefusion_reference,
 )
+from patch_cases import flux_true_cfg_inputs
 
 import paradiff
 from paradiff.tiny import build_pipeline, prompt_inputs
@@ -32,8 +34,10 @@ BUCKET_LIMITS = {"bucketed": 1 << 40, "direct": 0}
 
 
 def _call(pipe, family: str, size: int, steps: int) -> dict:
+    """The call's arguments; ``family`` "flux-true-cfg" runs Flux's CFG as two denoiser calls per step."""
+    prompt = flux_true_cfg_inputs(pipe) if family == "flux-true-cfg" else prompt_inputs(pipe, family)
     return {
-        **prompt_inputs(pipe, family),
+        **prompt,
         "height": size,
         "width": size,
         "num_inference_steps": steps,
@@ -48,6 +52,7 @@ def _pipeline(family: str, scheduler: str | None, blocks: int | None = None):
 
     ``blocks``: a DiT of that many blocks instead of the tiny one's two (seeded alike on every rank).
     """
+    family = family.removesuffix("-true-cfg")
     pipe = build_pipeline(family, scheduler=scheduler or ("ddim" if family == "pixart" else None))
     if blocks is not None:
         with torch.random.fork_rng(devices=[]):
@@ -103,11 +108,84 @@ def test_patch(rank_pool, family, ranks, warmup, size, transfers):
 
 @pytest.mark.parametrize(("ranks", "warmup", "patches", "blocks"), [(2, 1, 4, None), (2, 2, 2, None), (4, 1, 4, 4)])
 def test_pipefusion(rank_pool, ranks, warmup, patches, blocks):
-    """One stage per rank: the tiny PixArt's two blocks serve 2 ranks, a 4-block one 4 ranks."""
+    """One stage per rank: the tiny PixArt's two blocks serve 2 ranks, a 4-block one 4 ranks; the pipeline drains."""
     options = {"strategy": "pipefusion", "warmup_steps": warmup, "pipefusion_patches": patches}
-    results = rank_pool(ranks).run(displaced_latents, "pixart", 64, STEPS, blocks=blocks, **options)
+    results = rank_pool(ranks).run(
+        displaced_latents, "pixart", 64, STEPS, blocks=blocks, pipefusion_flow=False, **options
+    )
     reference = partial(pipefusion_reference, patches=patches, warmup_steps=warmup)
     _check(results, "pixart", 64, STEPS, reference, blocks=blocks)
+
+
+def flowing_and_draining(family: str, scheduler: str | None, size: int, steps: int, blocks: int | None, **options):
+    """This rank's final latents with the pipeline flowing and draining, and the flowing run's ``flow`` counters."""
+    pipe = paradiff.parallelize(_pipeline(family, scheduler, blocks), strategy="pipefusion", **options)
+    try:
+        flowing = pipe(**_call(pipe, family, size, steps)).images.numpy()
+        flow = paradiff.comm_stats(pipe)["flow"]
+    finally:
+        paradiff.unparallelize(pipe)
+    pipe = paradiff.parallelize(pipe, strategy="pipefusion", pipefusion_flow=False, **options)
+    try:
+        draining = pipe(**_call(pipe, family, size, steps)).images.numpy()
+    finally:
+        paradiff.unparallelize(pipe)
+    return {"flowing": flowing, "draining": draining, "flow": flow}
+
+
+#: Schedulers under which the tiny PixArt's displaced steps barely move its (large) latents.
+MULTISTEP_LIKE = ("dpm", "unipc", "euler")
+#: What the flowing reference reproduces of each pipeline's loop: its guidance scale, denoiser calls per step and
+#: whether its scheduler scales the model input.
+FORMS = {
+    "pixart": {"guidance": 4.5},
+    "sd3": {"guidance": 7.0},
+    "flux-true-cfg": {"guidance": 2.0, "calls": 2},
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "scheduler", "ranks", "warmup", "patches", "blocks"),
+    [
+        ("pixart", "ddim", 4, 1, 4, 4),
+        ("pixart", "dpm", 2, 1, 4, None),
+        ("pixart", "unipc", 2, 1, 4, None),
+        ("pixart", "euler", 2, 1, 2, None),
+        ("sd3", None, 2, 1, 4, None),
+        ("flux-true-cfg", None, 2, 1, 2, None),
+    ],
+)
+def test_pipefusion_flowing(rank_pool, family, scheduler, ranks, warmup, patches, blocks):
+    """Flowing: every displaced call but the last starts the next one's first patches; the ranks equal the flowing
+    reference, which equals the draining one bit for bit, and so do the ranks' flowing and draining runs.
+
+    Every scheduler the tiny pipelines use (DDIM, DPM-Solver++, UniPC, Euler, flow matching), CFG batched and as two
+    calls per step (Flux's true CFG, in ``cache_context("cond"/"uncond")``). Under DPM-Solver, UniPC and Euler the
+    random tiny PixArt's latents grow to hundreds, so the displaced steps move them by less than a millionth of
+    their magnitude, below what a comparison within round-off tells apart: there the ranks' flowing and draining
+    runs, equal bit for bit, with every call flowing, pin the flow (DDIM and flow matching pin the semantics against
+    the reference; two calls per step against it on Wan, in ``test_families``). The reference completes the keys
+    ``to_k`` makes, which in Flux's single-stream blocks hold the prompt's tokens too: Flux is not compared with it."""
+    options = {"warmup_steps": warmup, "pipefusion_patches": patches}
+    results = rank_pool(ranks).run(flowing_and_draining, family, scheduler, 64, STEPS, blocks, **options)
+    forms = {**FORMS[family], "scaled": scheduler == "euler"}
+    calls = forms.get("calls", 1)
+    for rank, result in enumerate(results):
+        np.testing.assert_array_equal(result["flowing"], result["draining"])
+        flowed = calls * (STEPS - warmup - 1) - 1  # every displaced call but the last flows into the next
+        assert result["flow"] == {
+            "calls_flowing": flowed,
+            "patches_ahead": flowed * (ranks - 1 - rank),
+            "stopped": None,
+        }
+    pipe = _pipeline(family, scheduler, blocks)
+    call = _call(pipe, family, 64, STEPS)
+    draining = pipefusion_reference(pipe, call, patches, warmup, calls=calls).images.numpy()
+    flowing = pipefusion_flowing_reference(pipe, _call(pipe, family, 64, STEPS), patches, warmup, ranks, **forms)
+    np.testing.assert_array_equal(flowing.images.numpy(), draining)
+    if scheduler not in MULTISTEP_LIKE and family != "flux-true-cfg":  # the reference completes to_k: not Flux's
+        reference = partial(pipefusion_flowing_reference, patches=patches, warmup_steps=warmup, stages=ranks, **forms)
+        _check([r["flowing"] for r in results], family, 64, STEPS, reference, scheduler, blocks)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from displaced_reference import asyncdiff_reference, patch_reference, pipefusion_reference
+from displaced_reference import (
+    asyncdiff_reference,
+    patch_reference,
+    pipefusion_flowing_reference,
+    pipefusion_reference,
+)
 from exactness import TOLERANCE, latents
 
 import paradiff
@@ -143,6 +148,7 @@ def displaced_vs_reference(name: str, strategy: str, steps: int, warmup: int, re
     pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup, **options)
     try:
         output = run(pipe)
+        flow = paradiff.comm_stats(pipe).get("flow")
     finally:
         paradiff.unparallelize(pipe)
     scale = float(np.abs(expected).max())
@@ -150,6 +156,7 @@ def displaced_vs_reference(name: str, strategy: str, steps: int, warmup: int, re
         "error": float(np.abs(output - expected).max()) / scale,
         "moved": float(np.abs(output - one_device).max()) / scale,
         "output": output,
+        "flow": flow,
     }
 
 
@@ -159,18 +166,36 @@ def displaced_vs_reference(name: str, strategy: str, steps: int, warmup: int, re
         ("ltx", "patch", partial(patch_reference, ranks=2), {}),
         ("ltx", "asyncdiff", partial(asyncdiff_reference, cut=(1, 1)), {"asyncdiff_cut": (1, 1)}),
         ("ltx", "pipefusion", partial(pipefusion_reference, patches=4), {"pipefusion_patches": 4}),
+        (
+            "wan",
+            "pipefusion",
+            partial(pipefusion_flowing_reference, patches=4, stages=2, guidance=5.0, calls=2),
+            {"pipefusion_patches": 4},
+        ),
         ("sana", "patch", partial(patch_reference, ranks=2), {}),
         ("animatediff", "patch", partial(patch_reference, ranks=2), {}),
     ],
-    ids=["video-dit-patch", "video-dit-asyncdiff", "video-dit-pipefusion", "image-dit-patch", "video-unet-patch"],
+    ids=[
+        "video-dit-patch",
+        "video-dit-asyncdiff",
+        "video-dit-pipefusion",
+        "video-dit-pipefusion-two-calls",
+        "image-dit-patch",
+        "video-unet-patch",
+    ],
 )
 def test_displaced_steps_equal_their_reference(pool2, name, strategy, reference, options):
-    """A video DiT (LTX), an image DiT with a convolution among its tokens (Sana) and a video U-Net (AnimateDiff)."""
+    """A video DiT (LTX; Wan, whose CFG is two calls per step in ``cache_context("cond"/"uncond")``), an image DiT
+    with a convolution among its tokens (Sana) and a video U-Net (AnimateDiff). ``pipefusion`` flows from every
+    displaced call into the next but the last (5 steps, warm-up 1: 3 displaced steps)."""
     results = pool2.run(displaced_vs_reference, name, strategy, 5, 1, reference, **options)
     for result in results:
         assert result["error"] <= TOLERANCE, result["error"]
         assert result["moved"] >= 1e-3, result["moved"]  # displaced: not the one-device output
         np.testing.assert_array_equal(result["output"], results[0]["output"])
+        if strategy == "pipefusion":
+            calls = 2 if name == "wan" else 1
+            assert result["flow"]["calls_flowing"] == 3 * calls - 1 and result["flow"]["stopped"] is None
 
 
 def decoded_with_parallel_vae(name: str) -> dict:

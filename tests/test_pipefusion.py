@@ -12,6 +12,7 @@ from patch_cases import (
     against_one_device,
     check_exact_and_restored,
     expect_error,
+    generate,
     refused_before_any_collective,
     two_calls_do_not_share_state,
 )
@@ -19,7 +20,7 @@ from patch_cases import (
 import paradiff
 from paradiff import ParadiffError
 from paradiff.models import family_of
-from paradiff.stages.blocks import plan_patches, stage_blocks
+from paradiff.stages.blocks import CFG_HALVES_DRAIN, plan_patches, stage_blocks
 from paradiff.stages.cut import balanced_cut
 from paradiff.strategies import strategy_class, strategy_names, supported_combinations
 from paradiff.tiny import build_pipeline, prompt_inputs
@@ -110,6 +111,38 @@ def test_cfg_times_pipefusion_is_exact_at_4_ranks(pool4):
         pipefusion_vs_one_device, "sd3", 64, steps, warmup=steps, cfg_parallel=True, output_type="latent"
     )
     _check_exact(results, steps, cfg_gathers=steps)
+    assert all(r["stats"]["flow"]["stopped"] == CFG_HALVES_DRAIN for r in results)  # the halves are apart
+
+
+def edited_latents(edit_at: int, steps: int, warmup: int) -> dict:
+    """This rank's final latents, flowing and draining, with a callback that scales the latents after step
+    ``edit_at``, and the flowing run's ``flow`` counters."""
+
+    def edit(step: int, timestep, latents: torch.Tensor) -> None:  # PixArt's callback may edit them in place
+        if step == edit_at:
+            latents.mul_(1.01)
+
+    pipe = build_pipeline("pixart", scheduler="ddim")
+    call = {**prompt_inputs(pipe, "pixart"), "callback": edit, "callback_steps": 1}
+    runs = {}
+    for flow in (True, False):
+        pipe = paradiff.parallelize(pipe, strategy="pipefusion", warmup_steps=warmup, pipefusion_flow=flow)
+        try:
+            runs[flow] = generate(pipe, call, 64, steps, output_type="latent")
+            runs[f"stats_{flow}"] = paradiff.comm_stats(pipe)["flow"]
+        finally:
+            paradiff.unparallelize(pipe)
+    return {"flowing": runs[True], "draining": runs[False], "flow": runs["stats_True"]}
+
+
+@pytest.mark.timeout(300)
+def test_a_callback_that_edits_latents_makes_the_pipeline_drain(pool2):
+    """The next call's latent is worked out ahead; a callback that changes it shows in the call the pipeline then
+    makes: the work ahead is undone, that call and the later ones drain, and the result is draining's, bit for bit."""
+    for result in pool2.run(edited_latents, 2, 5, 1):
+        np.testing.assert_array_equal(result["flowing"], result["draining"])
+        assert result["flow"]["calls_flowing"] == 1  # call 2 flowed into call 3, which then differed
+        assert result["flow"]["stopped"].startswith("at step 3 the pipeline's call differed from the one worked out")
 
 
 @pytest.mark.timeout(300)
@@ -245,6 +278,8 @@ def test_options_belong_to_pipefusion():
         paradiff.ParallelConfig(strategy="patch", pipefusion_patches=4)
     with pytest.raises(ParadiffError, match="pipefusion_stages must be None or the number of blocks of each stage"):
         paradiff.ParallelConfig(strategy="pipefusion", pipefusion_stages=(2, 0))
+    with pytest.raises(ParadiffError, match="pipefusion_flow must be True or False, got 'no'"):
+        paradiff.ParallelConfig(strategy="pipefusion", pipefusion_flow="no")
     assert "pipefusion" in strategy_names() and "'pipefusion'" in supported_combinations()
     assert strategy_class("pipefusion").uses_warmup
 

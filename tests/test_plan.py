@@ -3,6 +3,7 @@ the strategies send, and the command."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -176,7 +177,8 @@ def test_a_two_call_step_costs_two_calls_and_the_cfg_split_gives_each_group_one(
     one = _workload(batch=1, kv_bytes=1e8, attention_layers=3)
     two = _workload(batch=1, kv_bytes=1e8, attention_layers=3, calls_per_step=2)
     for strategy in ("patch", "ulysses", "ring", "pipefusion", "asyncdiff"):
-        single, double = (predict(w, slow_link, "float16", strategy, 2, 10, 1) for w in (one, two))
+        options = {"pipefusion_flow": False} if strategy == "pipefusion" else {}  # flowing fills once, not per call
+        single, double = (predict(w, slow_link, "float16", strategy, 2, 10, 1, **options) for w in (one, two))
         assert double.predicted_step_s == pytest.approx(2 * single.predicted_step_s), strategy
         assert double.predicted_speedup == pytest.approx(single.predicted_speedup), strategy
         assert double.bytes_per_step == pytest.approx(2 * single.bytes_per_step), strategy
@@ -189,6 +191,69 @@ def test_a_two_call_step_costs_two_calls_and_the_cfg_split_gives_each_group_one(
     assert cfg.predicted_speedup == pytest.approx(2 * (1.0 + 0.01) / cfg.predicted_step_s)
     batched = predict(_workload(flops=2e12), slow_link, "float16", "cfg", 2, 10, 0)
     assert batched.predicted_step_s == pytest.approx(one_call_s + 0.5e6 / 1e9 + 1e-3)  # half of one call's batch
+
+
+def test_pipefusion_flowing_draining_and_the_patches_the_plan_chooses():
+    """Two equal blocks on 2 stages, 21 steps (the first synchronous): draining runs M + 1 patch slots a call,
+    flowing M plus the slot of filling the pipeline once; flowing keeps (N−1)/M of its stage's keys and values
+    to undo; without ``pipefusion_patches`` each picks the M whose loop is fastest."""
+    w = _workload(kv_bytes=4e8, attention_layers=2)
+    stage_s, sync_s, weights = 0.5, 1.0 + 1e-3, (200 + 400) * 2  # half the model; the whole one, and one transfer
+    drain = predict(w, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_flow=False, pipefusion_patches=4)
+    flow = predict(w, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_patches=4)
+    assert drain.predicted_step_s == pytest.approx((sync_s + 20 * 5 * stage_s / 4) / 21)
+    assert flow.predicted_step_s == pytest.approx((sync_s + 20 * stage_s + stage_s / 4) / 21)
+    assert drain.memory_mb == pytest.approx((weights + 2e8) / 2**20)
+    assert flow.memory_mb == pytest.approx((weights + 2e8 * (1 + 1 / 4)) / 2**20)
+    assert flow.label == "pipefusion pipefusion_patches=4"
+    assert drain.label == "pipefusion pipefusion_flow=False pipefusion_patches=4"
+    # 10 ms of Python per denoiser call: more patches cost more, fewer leave more of each drained call idle
+    overhead = Hardware("h", {"float16": 1e12}, 0.01, 1e9, 0.0, 1.0, 1.0, "test")
+    chosen = {
+        flows: predict(w, overhead, "float16", "pipefusion", 2, 21, 0, pipefusion_flow=flows).options
+        for flows in (True, False)
+    }
+    assert chosen == {True: {"pipefusion_patches": 4}, False: {"pipefusion_flow": False, "pipefusion_patches": 8}}
+    # the CFG halves on different ranks: each call drains
+    split, drained = (
+        predict(w, HARDWARE, "float16", "pipefusion", 4, 21, 0, cfg_parallel=True, pipefusion_patches=4, **flow)
+        for flow in ({}, {"pipefusion_flow": False})
+    )
+    assert split.predicted_step_s == pytest.approx(drained.predicted_step_s)
+    assert split.memory_mb == pytest.approx(drained.memory_mb)
+
+
+def test_a_setting_whose_memory_per_rank_exceeds_a_device_is_marked_and_never_picked():
+    """A device of 300 MB: ``patch``'s buffer of the whole image's K/V (381 MB) does not fit, ``pipefusion``'s of
+    its stage's layers does; the plan names both, and neither its pick nor ``auto``'s (``Plan.best``) is ``patch``."""
+    from paradiff.plan.costs import Fixed
+    from paradiff.plan.job import Plan
+    from paradiff.plan.printout import plan_lines
+
+    w = _workload(kv_bytes=4e8, attention_layers=2)
+    small = dataclasses.replace(HARDWARE, memory_bytes=300 * 2**20)
+    rows = tuple(predict(w, small, "float16", strategy, 2, 10, 1) for strategy in ("patch", "pipefusion", "ulysses"))
+    assert [row.fits for row in rows] == [False, True, True]
+    assert rows[0].predicted_speedup > rows[1].predicted_speedup > rows[2].predicted_speedup  # patch would win
+    assert predict(w, HARDWARE, "float16", "patch", 2, 10, 1).fits  # no memory figure: nothing refused
+    plan = Plan("M", SIZE, None, 10, 2, "float16", small, w, Fixed(), rows)
+    assert plan.best(exact=False).strategy == "pipefusion" and plan.best(exact=True).strategy == "ulysses"
+    assert plan.unfit() == (
+        "patch (381 MB) need more than a device's 300 MB per rank; fits: pipefusion pipefusion_patches=64, ulysses"
+    )
+    lines = plan_lines(plan)
+    assert f"does not fit: {plan.unfit()}" in lines
+    assert any(line.startswith("patch ") and line.endswith("no, does not fit") for line in lines)
+    alone = Plan("M", SIZE, None, 10, 2, "float16", small, w, Fixed(), rows[:1])
+    assert alone.best(exact=False) is None
+    assert "fastest: none — no strategy fits in a device's memory on 2 ranks" in plan_lines(alone)
+    assert hardware_profile("l40-pcie").memory_bytes == 45 * 2**30
+
+
+def test_a_cpu_rank_has_no_device_memory_to_check():
+    from paradiff.plan.calibrate import device_memory
+
+    assert device_memory(torch.device("cpu")) is None
 
 
 def test_a_balanced_cut_keeps_the_largest_component_small():

@@ -95,7 +95,8 @@ def choose(pipe, stock_call, args: tuple, kwargs: dict, fidelity: str, warmup_st
     decided = None
     if plan is not None:  # rank 0
         best = plan.best(exact=fidelity == "exact")
-        decided = (best, plan) if best is not None else f"no strategy runs {type(pipe).__name__} ({fidelity})"
+        unfit = f"; {plan.unfit()}" if plan.unfit() else ""
+        decided = (best, plan) if best is not None else f"no strategy runs {type(pipe).__name__} ({fidelity}){unfit}"
     shared = [decided]
     dist.broadcast_object_list(shared, src=0)
     if isinstance(shared[0], str):

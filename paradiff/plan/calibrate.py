@@ -108,7 +108,9 @@ def calibrate(
     bandwidth, latency = _link(link_device, nproc)
     link_s = LINK_BYTES * (nproc - 1) / bandwidth + latency
     overlap = _overlap(denoise_full, device, link_device, nproc, shared, link_s)
-    figures = torch.tensor([full, part, shared, bandwidth, latency, overlap], dtype=torch.float64, device=link_device)
+    memory = device_memory(device) or 0.0
+    figures = [full, part, shared, bandwidth, latency, overlap, memory]
+    figures = torch.tensor(figures, dtype=torch.float64, device=link_device)
     gathered = [torch.empty_like(figures) for _ in range(nproc)]
     dist.all_gather(gathered, figures)
     full, part = float(gathered[0][0]), float(gathered[0][1])
@@ -116,6 +118,7 @@ def calibrate(
     bandwidth = min(float(g[3]) for g in gathered)
     latency = max(float(g[4]) for g in gathered)
     overlap = min(float(g[5]) for g in gathered)
+    memory = min(float(g[6]) for g in gathered)
     rate = (flops_full - flops_part) / max(full - part, 1e-9)
     overhead = max(full - flops_full / rate, 0.0)
     if overhead == 0.0 or rate <= 0:
@@ -129,4 +132,13 @@ def calibrate(
         overlap=overlap,
         shared_slowdown=max(shared / full, 1.0),
         source=f"measured on {nproc} ranks on {device.type}",
+        memory_bytes=memory or None,
     )
+
+
+def device_memory(device: torch.device) -> float | None:
+    """Bytes of memory ``device`` holds: a CUDA device's total; None elsewhere (a CPU rank's share of the host's
+    memory is not its own)."""
+    if device.type != "cuda":
+        return None
+    return float(torch.cuda.get_device_properties(device).total_memory)

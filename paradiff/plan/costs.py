@@ -55,6 +55,8 @@ class Prediction:
     memory_mb: float
     #: Whether the result equals one device's within float round-off.
     exact: bool
+    #: Whether ``memory_mb`` fits in one rank's device memory (True when the machine's memory is not known).
+    fits: bool = True
     #: Strategy options this setting runs with, beyond the warm-up and the CFG split (``parallelize``'s keywords).
     options: dict = field(default_factory=dict)
 
@@ -127,10 +129,11 @@ def predict(
     n = nproc // groups
     iterations = blocks.iterations if blocks is not None else steps
     scale = blocks.scale if blocks is not None else (1.0,) * steps  # one device's cost of each, in window calls
-    step = cls.step_cost(m, n, CostSetting(options, blocks))
+    synced = iterations if always_exact(strategy) else min(iterations, warmup_steps + 1)
+    step = cls.step_cost(m, n, CostSetting(options, blocks, iterations - synced))
+    options = {**options, **step.chosen}
     cfg_bytes = m.w.latent_bytes / 2 if split else 0.0  # a group's predictions
     cfg_gather = m.transfer(cfg_bytes, 1) if cfg_bytes else 0.0
-    synced = iterations if always_exact(strategy) else min(iterations, warmup_steps + 1)
     loop_s, loop_bytes = step.loop(synced, scale)
     loop = loop_s + sum(scale) * cfg_gather
     decode = fixed.decode_s * hardware.shared_slowdown / nproc if fixed.decode_banded else fixed.decode_s
@@ -148,6 +151,7 @@ def predict(
         bytes_per_step=loop_bytes / iterations + cfg_bytes,
         memory_mb=step.memory_bytes / 2**20,
         exact=cls.predicted_exact(synced, iterations, blocks),
+        fits=hardware.fits(step.memory_bytes),
         options={name: value for name, value in options.items() if getattr(defaults, name) != value},
     )
 

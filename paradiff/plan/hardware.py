@@ -3,7 +3,8 @@
 Either measured here (:func:`paradiff.plan.calibrate.calibrate`) or one of :data:`PROFILES`: published
 figures of well-known GPU servers. A profile's compute rate is the dense tensor-core peak times the share
 of it diffusion denoisers reach in practice (model FLOPs utilisation); its link is the per-GPU bandwidth
-of one direction between two GPUs, at the share collectives reach, and a per-collective latency.
+of one direction between two GPUs, at the share collectives reach, and a per-collective latency; its memory
+is one GPU's, in GiB as CUDA reports it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ class Hardware:
     #: Seconds the host takes to launch one kernel: eager PyTorch launches one per operation, and a call whose
     #: kernels are shorter than that waits on the host (small bands of a large model on a fast GPU).
     launch_s: float = 0.0
+    #: Bytes of memory one rank's device holds (None: not known, nothing is refused for memory).
+    memory_bytes: float | None = None
+
+    def fits(self, nbytes: float) -> bool:
+        """Whether ``nbytes`` per rank fit in one rank's device memory (True when it is not known)."""
+        return self.memory_bytes is None or nbytes <= self.memory_bytes
 
     def rate(self, dtype: str) -> float:
         try:
@@ -57,7 +64,7 @@ LINK_EFFICIENCY = 0.7
 LAUNCH_S = 6e-6
 
 
-def _gpu(name: str, tflops: float, link_gb_s: float, latency_us: float, source: str) -> Hardware:
+def _gpu(name: str, tflops: float, link_gb_s: float, latency_us: float, memory_gib: float, source: str) -> Hardware:
     rate = tflops * 1e12 * MFU
     return Hardware(
         name=name,
@@ -69,6 +76,7 @@ def _gpu(name: str, tflops: float, link_gb_s: float, latency_us: float, source: 
         overlap=1.0,
         shared_slowdown=1.0,
         source=source,
+        memory_bytes=memory_gib * 2**30,
     )
 
 
@@ -81,15 +89,17 @@ PROFILES = {
             312,
             300,
             15,
-            "NVIDIA A100 SXM4 datasheet: 312 TFLOPS dense fp16/bf16 tensor; NVLink 3: 600 GB/s per GPU, "
-            "300 GB/s each way",
+            80,
+            "NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS dense fp16/bf16 tensor, 80 GB HBM2e; NVLink 3: 600 GB/s "
+            "per GPU, 300 GB/s each way",
         ),
         _gpu(
             "h100-nvlink",
             989,
             450,
             12,
-            "NVIDIA H100 SXM5 datasheet: 989 TFLOPS dense fp16/bf16 tensor; NVLink 4: 900 GB/s per GPU, "
+            80,
+            "NVIDIA H100 SXM5 datasheet: 989 TFLOPS dense fp16/bf16 tensor, 80 GB HBM3; NVLink 4: 900 GB/s per GPU, "
             "450 GB/s each way",
         ),
         _gpu(
@@ -97,6 +107,7 @@ PROFILES = {
             989,
             450,
             12,
+            140,
             "NVIDIA H200 SXM datasheet: 989 TFLOPS dense fp16/bf16 tensor (as the H100; 141 GB HBM3e at "
             "4.8 TB/s); NVLink 4: 900 GB/s per GPU, 450 GB/s each way",
         ),
@@ -105,7 +116,9 @@ PROFILES = {
             181,
             25,
             25,
-            "NVIDIA L40 datasheet: 181 TFLOPS dense fp16 tensor with fp32 accumulate (362 with sparsity); "
+            45,
+            "NVIDIA L40 datasheet: 181 TFLOPS dense fp16 tensor with fp32 accumulate (362 with sparsity), 48 GB "
+            "GDDR6 (45 GiB with ECC on); "
             "PCIe 4.0 x16: 32 GB/s "
             "each way, about 25 GB/s between two GPUs without NVLink",
         ),
@@ -114,9 +127,10 @@ PROFILES = {
             165,
             25,
             25,
+            24,
             "NVIDIA Ada whitepaper: RTX 4090 165 TFLOPS dense fp16 tensor with fp32 accumulate (as PyTorch "
-            "runs it; 330 with fp16 accumulate); PCIe 4.0 x16, no NVLink and no peer-to-peer: about 25 GB/s "
-            "each way through the host",
+            "runs it; 330 with fp16 accumulate), 24 GB GDDR6X; PCIe 4.0 x16, no NVLink and no "
+            "peer-to-peer: about 25 GB/s each way through the host",
         ),
     )
 }

@@ -78,9 +78,21 @@ class Plan:
         return self.blocks.iterations if self.blocks is not None else self.steps
 
     def best(self, exact: bool = True) -> Prediction | None:
-        """The fastest predicted setting (among the exact ones with ``exact``); None if none runs."""
-        candidates = [p for p in self.predictions if p.exact or not exact]
+        """The fastest predicted setting that fits in a rank's memory (among the exact ones with ``exact``); None if
+        none runs."""
+        candidates = [p for p in self.predictions if p.fits and (p.exact or not exact)]
         return max(candidates, key=lambda p: p.predicted_speedup, default=None)
+
+    def unfit(self) -> str | None:
+        """The settings whose memory per rank exceeds a device's, and those that fit; None when all fit."""
+        unfit = {p.label: p.memory_mb for p in self.predictions if not p.fits}
+        if not unfit:
+            return None
+        fitting = ", ".join(dict.fromkeys(p.label for p in self.predictions if p.fits))
+        needs = ", ".join(f"{label} ({mb:,.0f} MB)" for label, mb in unfit.items())
+        memory = self.hardware.memory_bytes / 2**20
+        fits = f"fits: {fitting}" if fitting else "nothing fits: use more ranks or a smaller size"
+        return f"{needs} need more than a device's {memory:,.0f} MB per rank; {fits}"
 
 
 def predictions(

@@ -100,7 +100,7 @@ def plan_lines(plan: Plan) -> list[str]:
             f"{p.predicted_speedup:.2f}×",
             f"{p.bytes_per_step / 2**20:.3g}",
             f"{p.memory_mb:,.0f}",
-            "yes" if p.exact else "no",
+            ("yes" if p.exact else "no") + ("" if p.fits else ", does not fit"),
         ]
         for p in sorted(plan.predictions, key=lambda p: -p.predicted_speedup)
     ]
@@ -114,13 +114,17 @@ def plan_lines(plan: Plan) -> list[str]:
     if exact is not None:
         lines.append(f"fastest exact: {_setting(exact)}")
     else:
-        lines.append(f"fastest exact: none — no exact strategy runs {plan.model} on {plan.nproc} ranks")
+        fits = " fits in a device's memory" if any(p.exact for p in plan.predictions) else f" runs {plan.model}"
+        lines.append(f"fastest exact: none — no exact strategy{fits} on {plan.nproc} ranks")
     if fastest is not None and fastest is not exact:
         lines.append(f"fastest: {_setting(fastest)}, not exact")
     elif fastest is None:
-        lines.append(f"fastest: none — no strategy runs {plan.model} on {plan.nproc} ranks")
+        fits = " fits in a device's memory" if plan.predictions else f" runs {plan.model}"
+        lines.append(f"fastest: none — no strategy{fits} on {plan.nproc} ranks")
     for strategy, reason in plan.refused.items():
         lines.append(f"not run: {strategy}: {' '.join(reason.split())}")
+    if plan.unfit():
+        lines.append(f"does not fit: {plan.unfit()}")
     return lines + _run_lines(plan, exact, fastest)
 
 

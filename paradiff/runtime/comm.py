@@ -37,6 +37,7 @@ separate host buffers too, which checks the path on a machine without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import defaultdict
@@ -81,11 +82,28 @@ class CallTime:
 
 
 @dataclass
+class FlowCounters:
+    """How a pipeline of stages flowed from call to call (``pipefusion``): the denoiser calls during which this rank
+    computed patches of the next call, how many, and why the pipeline drained instead (None: it never had to)."""
+
+    calls_flowing: int = 0
+    patches_ahead: int = 0
+    stopped: str | None = None
+
+
+@dataclass
 class CommStats:
     """Counters per ``(step, kind)``, and per-step call times of pipelined calls; reset at each ``pipe(...)`` call."""
 
     per_step: dict[tuple[int, str], StepCounters] = field(default_factory=lambda: defaultdict(StepCounters))
     call_times: dict[int, CallTime] = field(default_factory=lambda: defaultdict(CallTime))
+    flow: FlowCounters | None = None
+
+    def flow_record(self) -> FlowCounters:
+        """The flow counters of this call (made on first use)."""
+        if self.flow is None:
+            self.flow = FlowCounters()
+        return self.flow
 
     def record(self, step: int, kind: str, nbytes: int, wait_s: float = 0.0, exchanges: int = 1) -> None:
         """Add ``exchanges`` layer exchanges (or transfers of the output), bytes sent and seconds blocked."""
@@ -103,6 +121,7 @@ class CommStats:
     def reset(self) -> None:
         self.per_step.clear()
         self.call_times.clear()
+        self.flow = None
 
     @classmethod
     def combined(cls, *parts: CommStats) -> CommStats:
@@ -113,6 +132,7 @@ class CommStats:
                 out.record(step, kind, c.bytes_sent, c.wait_s, c.exchanges)
             for step, times in part.call_times.items():
                 out.record_call(step, times.seconds, times.idle_s)
+            out.flow = out.flow or part.flow
         return out
 
     def steps(self) -> list[int]:
@@ -132,7 +152,8 @@ class CommStats:
 
     def summary(self) -> dict:
         """Totals and per-step rows; with pipelined calls also ``idle_share``: the share of the denoiser
-        calls' time this rank waited for another stage (the pipeline's bubble), overall and per step."""
+        calls' time this rank waited for another stage (the pipeline's bubble), overall and per step, and
+        ``flow`` (:class:`FlowCounters`, as a dict)."""
         steps = self.steps()
         total = self.total()
         summary = {
@@ -163,6 +184,8 @@ class CommStats:
                 times = self.call_times.get(row["step"])
                 if times is not None:
                     row["idle_share"] = times.idle_s / max(times.seconds, 1e-12)
+        if self.flow is not None:
+            summary["flow"] = dataclasses.asdict(self.flow)
         return summary
 
 

@@ -10,6 +10,8 @@ rank takes the same warm-up/displaced decision at the same time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -85,15 +87,27 @@ class StepState:
 
     def enter_call(self, context: str | None, timestep) -> None:
         self.context = context or "default"
+        self.step, self.call_in_step = self.peek(context, timestep)
         cursor = self._cursors.setdefault(self.context, _ContextCursor())
-        key = timestep_key(timestep)
-        if cursor.last_timestep is not None and key == cursor.last_timestep:
-            cursor.call_in_step += 1
-        else:
-            cursor.step += 1
-            cursor.call_in_step = 0
-        cursor.last_timestep = key
-        self.step, self.call_in_step = cursor.step, cursor.call_in_step
+        cursor.step, cursor.call_in_step, cursor.last_timestep = self.step, self.call_in_step, timestep_key(timestep)
+
+    def peek(self, context: str | None, timestep) -> tuple[int, int]:
+        """``(step, call slot)`` a call in ``context`` at ``timestep`` would get now (nothing is counted)."""
+        cursor = self._cursors.get(context or "default", _ContextCursor())
+        if cursor.last_timestep is not None and timestep_key(timestep) == cursor.last_timestep:
+            return cursor.step, cursor.call_in_step + 1
+        return cursor.step + 1, 0
+
+    @contextmanager
+    def as_call(self, context: str | None, step: int, call_in_step: int) -> Iterator[None]:
+        """Inside the block, buffers and counters are those of the call ``(context, step, call_in_step)``: work done
+        ahead for a call the pipeline has not made yet (``pipefusion``'s flowing pipeline)."""
+        saved = self.context, self.step, self.call_in_step, self.partition
+        self.context, self.step, self.call_in_step = context or "default", step, call_in_step
+        try:
+            yield
+        finally:
+            self.context, self.step, self.call_in_step, self.partition = saved
 
     @property
     def synchronous(self) -> bool:
@@ -102,7 +116,11 @@ class StepState:
 
     def exchange(self, name: str, factory):
         """The exchange buffers of layer ``name`` for the current call context and call slot."""
-        key = (name, self.context, self.call_in_step)
+        return self.per_run((name, self.context, self.call_in_step), factory)
+
+    def per_run(self, key, factory):
+        """The object kept as ``key`` for this ``pipe(...)`` call (made by ``factory`` on first use; drained at its
+        end if it has a ``drain`` method)."""
         if key not in self.buffers:
             self.buffers[key] = factory()
         return self.buffers[key]

@@ -2,10 +2,11 @@
 
 The denoiser's own forward still runs on every rank: embeddings, the loop over the blocks, the head.
 Each block carries a hook. On the first block of this rank's stage the hook runs the whole stage over
-every patch of the call (receiving each patch from the previous stage, sending it on to the next);
-every other block hands its input on unchanged, because another rank computes it or the stage's run
-already did. The last stage's run returns the whole sequence, so the head computes the true output
-there; the hook on the denoiser then overwrites the other ranks' output with it.
+every patch of the call (receiving each patch from the previous stage, sending it on to the next; after
+warm-up also the next call's first patches, :mod:`.flow`); every other block hands its input on
+unchanged, because another rank computes it or the stage's run already did. The last stage's run
+returns the whole sequence, so the head computes the true output there; the hook on the denoiser then
+overwrites the other ranks' output with it.
 
 A call runs the whole sequence as one patch (exact: every attention layer sees this step's keys and
 values of every token) during warm-up, and in ``M`` patches of whole rows afterwards: each attention
@@ -17,6 +18,7 @@ what the K/V completion of every family reads.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,14 +27,16 @@ import torch
 from diffusers.hooks import ModelHook
 from torch import nn
 
-from ..compat import CallContextHook, block_returns_image_first
+from ..compat import CallContextHook
 from ..errors import ParadiffError
 from ..layers.sdpa_kv import JointText
 from ..layers.split import output_sample, replace_output_sample
 from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs, map_by_spec
 from ..runtime.comm import Communicator
 from ..runtime.step_state import RowPartition
-from .link import StageLink
+from .flow import Bypass, KVUndo, StageFlow, StageInputs
+from .next_call import NextCall
+from .streams import block_output, block_streams
 
 
 def plan_patches(rows: int, requested: int | None, stages: int, pixels: int) -> int:
@@ -74,12 +78,13 @@ class PatchKV:
 
     A whole-sequence call stores them; a patch call overwrites the patch's slice and returns the whole
     buffer. Buffers are kept per call context and call slot, in the layer's own dtype, and forgotten at
-    every ``pipe(...)`` call (they live in the step state's per-run buffers). Attention processors must
-    not modify the returned keys and values in place (the stock ones do not).
+    every ``pipe(...)`` call (they live in the step state's per-run buffers). What work done ahead for the
+    next call overwrites is kept in ``undo`` until that call confirms it. Attention processors must not
+    modify the returned keys and values in place (the stock ones do not).
     """
 
-    def __init__(self, comm: Communicator, name: str):
-        self.comm, self.name = comm, name
+    def __init__(self, comm: Communicator, name: str, undo: KVUndo):
+        self.comm, self.name, self.undo = comm, name, undo
 
     def complete(self, local: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
         state = self.comm.state
@@ -87,7 +92,9 @@ class PatchKV:
         if part.parts == 1:
             slot.tensor = local
             return local
-        slot.tensor.narrow(token_dim, part.row_start * part.cols, part.band_tokens).copy_(local)
+        target = slot.tensor.narrow(token_dim, part.row_start * part.cols, part.band_tokens)
+        self.undo.keep(target)
+        target.copy_(local)
         return slot.tensor
 
 
@@ -109,17 +116,38 @@ class KVFilled:
     value: bool = False
 
 
-class PipelineCall:
-    """What the hooks of one denoiser share about the current call: its grid, patches and stage link."""
+#: Why a pipeline of stages inside one CFG half drains at every call.
+CFG_HALVES_DRAIN = (
+    "with cfg_parallel the two CFG halves run on different ranks, and the next call's latent needs both: "
+    "each call drains"
+)
 
-    def __init__(self, comm: Communicator):
-        self.comm = comm
-        self.grid: Grid | None = None
+
+class PipelineCall:
+    """What the hooks of one denoiser share: the stage, the current call's grid and patches, the forecast of the
+    pipeline's next call (set for the length of each ``pipe(...)`` call) and the flow of the stages over it.
+
+    ``forward`` runs the denoiser's forward beneath paradiff's hook on bound arguments (of ``signature``);
+    ``flows`` (and ``why_not_flowing`` when it is False) says whether calls may flow into the next one.
+    """
+
+    def __init__(self, comm: Communicator, stack: BlockStack, stage: Stage, flows: bool, why_not_flowing: str = ""):
+        self.comm, self.stack, self.stage = comm, stack, stage
+        self.flows, self.why_not_flowing = flows, why_not_flowing
         self.patches = 1
+        self.undo = KVUndo()
+        self.forecast: NextCall | None = None
+        self.bypass: Bypass | None = None
+        self.signature: inspect.Signature | None = None
+        self.forward: Callable | None = None
 
     @property
-    def link(self) -> StageLink:
-        return self.comm.state.exchange("paradiff.pipefusion.link", lambda: StageLink(self.comm))
+    def flow(self) -> StageFlow:
+        return self.comm.state.per_run("paradiff.pipefusion.flow", lambda: StageFlow(self.comm, self))
+
+    def filled(self) -> bool:
+        """Whether the current call slot has run once (its K/V buffers hold the whole image)."""
+        return self.comm.state.exchange("paradiff.pipefusion.filled", KVFilled).value
 
 
 class PipelineCallHook(CallContextHook):
@@ -134,8 +162,9 @@ class PipelineCallHook(CallContextHook):
         self.started = 0.0
 
     def pre_forward(self, module, *args, **kwargs):
-        family, comm = self.family, self.call.comm
-        inputs = bind_inputs(module, args, kwargs).arguments
+        family, call, comm = self.family, self.call, self.call.comm
+        bound = bind_inputs(module, args, kwargs)
+        inputs = bound.arguments
         passed = [name for name in family.block_stack.unsupported_args if inputs.get(name) is not None]
         if passed:
             raise ParadiffError(
@@ -147,33 +176,28 @@ class PipelineCallHook(CallContextHook):
         patches = plan_patches(grid.rows, self.requested, comm.size, pixels)
         state = comm.state
         state.enter_call(self.context.name, inputs[family.timestep_arg])
-        filled = state.exchange("paradiff.pipefusion.filled", KVFilled).value
-        self.call.grid = grid
-        self.call.patches = patches if filled and not state.synchronous else 1
-        self.call.link.begin_call(self.call.patches)
+        if call.forecast is not None:
+            call.forecast.observe_call(self.context.name, inputs)
+        call.stage.grid = grid
+        call.patches = patches if call.filled() and not state.synchronous else 1
+        call.signature, call.forward = bound.signature, self._beneath
+        call.flow.begin_call()
         self.started = time.perf_counter()
         return args, kwargs
 
+    def _beneath(self, bound: inspect.BoundArguments):
+        return self.fn_ref.forward(*bound.args, **bound.kwargs)  # the forward inside this hook
+
     def post_forward(self, module, output):
-        state, link = self.call.comm.state, self.call.link
+        call = self.call
+        state, link = call.comm.state, call.flow.link
         sample = output_sample(output).contiguous()
         link.share_output(sample)
         state.exchange("paradiff.pipefusion.filled", KVFilled).value = True
-        self.call.comm.stats.record_call(state.step, time.perf_counter() - self.started, link.idle_s)
+        if call.forecast is not None:
+            call.forecast.observe_output(sample)
+        call.comm.stats.record_call(state.step, time.perf_counter() - self.started, link.idle_s)
         return replace_output_sample(output, sample)
-
-
-def block_output(stack: BlockStack, block: nn.Module, image: torch.Tensor, text: torch.Tensor | None):
-    """What ``block`` returns: the image tokens, or both streams in the block's own order when text flows through."""
-    if stack.text_arg is None:
-        return image
-    return (image, text) if block_returns_image_first(type(block)) else (text, image)
-
-
-def block_streams(block: nn.Module, output: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(image, text)`` from the two token streams ``block`` returned, in whichever order it returns them."""
-    first, second = output
-    return (first, second) if block_returns_image_first(type(block)) else (second, first)
 
 
 class PassThroughHook(ModelHook):
@@ -192,14 +216,18 @@ class PassThroughHook(ModelHook):
 
 
 class StageEntryHook(ModelHook):
-    """On the first block of this rank's stage: runs the whole stage over every patch of the call."""
+    """On the first block of this rank's stage: runs the stage over the call's patches (:mod:`.flow`), or, in a
+    forward around the blocks, records the stage's inputs and hands them on."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, call: PipelineCall):
         super().__init__()
-        self.stage = stage
+        self.call = call
 
     def new_forward(self, module, *args, **kwargs):
-        return self.stage.run(module, bind_inputs(module, args, kwargs))
+        bound = bind_inputs(module, args, kwargs)
+        if self.call.bypass is not None:
+            return self.call.bypass.at_entry(module, bound)
+        return self.call.flow.run(module, bound)
 
 
 class Stage:
@@ -209,51 +237,28 @@ class Stage:
     blocks, in block order; each block's output is read in that block's own order of the token streams.
     """
 
-    def __init__(self, stack: BlockStack, call: PipelineCall, forwards: Callable[[], list[Callable]]):
-        self.stack, self.call, self.forwards = stack, call, forwards
+    def __init__(self, stack: BlockStack, comm: Communicator, forwards: Callable[[], list[Callable]]):
+        self.stack, self.comm, self.forwards = stack, comm, forwards
+        self.grid: Grid | None = None
 
-    def run(self, entry: nn.Module, bound):
-        """Every patch through the stage; returns what the model's forward expects of ``entry``, the first block."""
-        stack, call, link = self.stack, self.call, self.call.link
-        state, grid, patches = call.comm.state, call.grid, call.patches
-        inputs = bound.arguments
-        image, text = inputs[stack.image_arg], inputs.get(stack.text_arg) if stack.text_arg else None
-        batch, tokens, width = image.shape
+    def run_patch(self, inputs: StageInputs, patch: int, patches: int, x: torch.Tensor, t: torch.Tensor | None):
+        """Patch ``patch`` of ``patches`` (image tokens ``x``, text tokens ``t`` when they flow) through the stage's
+        blocks, with ``inputs``' other arguments; returns its image and text tokens after the stage."""
+        stack, bound = self.stack, inputs.bound
+        grid = self.grid
+        self.comm.state.partition = RowPartition(grid.rows, grid.cols, patches, patch)
+        tokens = inputs.image.shape[1]
         per_patch = tokens // patches
-        # a patch travels as one message: its image tokens, then the text tokens (their width may differ: Mochi)
-        sizes = [per_patch * width] + ([] if text is None else [text[0].numel()])
-        if not link.first:
-            link.expect(patches, (batch, sum(sizes)), image)
-        output = torch.empty_like(image) if link.last else None
-        per_token = {name: inputs.get(name) for name in stack.per_token if inputs.get(name) is not None}
-        forwards = self.forwards()
-        for m in range(patches):
-            state.partition = RowPartition(grid.rows, grid.cols, patches, m)
-            span = slice(m * per_patch, (m + 1) * per_patch)
-            if link.first:
-                x, t = image[:, span], text
-            else:
-                pieces = link.receive(m).split(sizes, dim=1)
-                x = pieces[0].reshape(batch, per_patch, width)
-                t = pieces[1].reshape(batch, *text.shape[1:]) if text is not None else None
-            for name, table in per_token.items() if patches > 1 else ():
-                inputs[name] = _cut_per_token(table, stack.per_token[name], tokens, span)
-            for block, forward in forwards:
-                inputs[stack.image_arg] = x
-                if text is not None:
-                    inputs[stack.text_arg] = t
-                result = forward(*bound.args, **bound.kwargs)
-                x, t = block_streams(block, result) if text is not None else (result, None)
-            if link.last:
-                output[:, span] = x
-            else:
-                # one prompt for several images (Flux) broadcasts to the image batch in the first block
-                t = None if t is None else t.expand(batch, *t.shape[1:])
-                link.send(m, torch.cat([x.flatten(1)] + ([] if t is None else [t.flatten(1)]), dim=1))
-        link.finish()
-        if not link.last:
-            return block_output(stack, entry, image, text)
-        return block_output(stack, entry, output, t)
+        span = slice(patch * per_patch, (patch + 1) * per_patch)
+        for name, table in inputs.per_token.items() if patches > 1 else ():
+            bound.arguments[name] = _cut_per_token(table, stack.per_token[name], tokens, span)
+        for block, forward in self.forwards():
+            bound.arguments[stack.image_arg] = x
+            if t is not None:
+                bound.arguments[stack.text_arg] = t
+            result = forward(*bound.args, **bound.kwargs)
+            x, t = block_streams(block, result) if t is not None else (result, None)
+        return x, t
 
 
 def _cut_per_token(value, spec, image_tokens: int, span: slice):

@@ -14,20 +14,27 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class StepCost:
-    """A strategy's step: during warm-up (``sync``) and after it (``displaced``), and its memory per rank."""
+    """A strategy's step: during warm-up (``sync``) and after it (``displaced``), and its memory per rank.
+
+    ``fill_s``: seconds a loop with displaced steps pays once (a pipeline of stages that flows from call to
+    call fills once); ``chosen``: options the cost model chose itself (a patch count), which the prediction
+    runs with.
+    """
 
     sync_s: float
     displaced_s: float
     sync_bytes: float
     displaced_bytes: float
     memory_bytes: float
+    fill_s: float = 0.0
+    chosen: dict = field(default_factory=dict)
 
     def loop(self, synced: int, scale: tuple[float, ...]) -> tuple[float, float]:
         """Seconds and bytes of a loop whose first ``synced`` iterations wait for their transfers; iteration ``i``
         costs ``scale[i]`` times a step."""
         seconds = sum(s * (self.sync_s if i < synced else self.displaced_s) for i, s in enumerate(scale))
         nbytes = sum(s * (self.sync_bytes if i < synced else self.displaced_bytes) for i, s in enumerate(scale))
-        return seconds, nbytes
+        return seconds + (self.fill_s if synced < len(scale) else 0.0), nbytes
 
 
 @dataclass(frozen=True)
@@ -38,20 +45,23 @@ class PassCost:
     displaced: tuple[tuple[float, float], ...]
     position: tuple[int, ...]
     memory_bytes: float
+    chosen: dict = field(default_factory=dict)
 
     def loop(self, synced: int, scale: tuple[float, ...]) -> tuple[float, float]:
         """Seconds and bytes of the loop whose first ``synced`` iterations of each window run fresh."""
-        chosen = [(self.fresh if at < synced else self.displaced)[i] for i, at in enumerate(self.position)]
-        return sum(s for s, _ in chosen), sum(b for _, b in chosen)
+        runs = [(self.fresh if at < synced else self.displaced)[i] for i, at in enumerate(self.position)]
+        return sum(s for s, _ in runs), sum(b for _, b in runs)
 
 
 @dataclass(frozen=True)
 class CostSetting:
-    """What one predicted setting adds to the machine: the strategy's options, and the loop of a
-    diffusion-forcing pipeline when the call has one (``paradiff.plan.forcing_loop.BlockLoop``)."""
+    """What one predicted setting adds to the machine: the strategy's options, the loop of a
+    diffusion-forcing pipeline when the call has one (``paradiff.plan.forcing_loop.BlockLoop``), and how many
+    of the loop's iterations are displaced (what a cost paid once is spread over)."""
 
     options: dict = field(default_factory=dict)
     blocks: object | None = None
+    displaced: int = 0
 
 
 class CostMachine:

@@ -9,10 +9,20 @@ attending to a buffer of the whole image's K/V, one step stale outside the patch
 (``paradiff.stages.blocks``). The family (``paradiff.models``) says where the blocks are and what
 they pass on; this module knows no model class.
 
-The pipeline drains at the end of every call: the pipeline's own ``__call__`` (CFG combine, scheduler
-step, callbacks) runs between two denoiser calls, and no patch of the next step exists before it has
-run on the whole latent. Each call therefore leaves each rank idle for about N−1 of M+N−1 patch slots,
-measured per call as ``idle_share`` in ``paradiff.comm_stats``.
+After warm-up the pipeline flows from one denoiser call into the next instead of draining at the end
+of each (``paradiff.stages.flow``): stage 0 starts patch p of the next call as soon as the last stage has
+finished patch p of this one, so each rank idles only while the pipeline first fills. The pipeline's own
+loop (CFG combine, scheduler step, callbacks) still runs between the calls, on every rank, and nothing of
+it is forked or re-implemented: its work is per position in every stock pipeline, so the next call's
+input at a finished patch's rows is worked out ahead (``paradiff.stages.next_call``: a copy of the
+scheduler, the pipeline's guidance and input forms, each learned bit for bit from what the pipeline does
+at its first steps), and every rank checks what it computed ahead against the call the pipeline then
+makes. Each stage runs its patches in the same order as when the pipeline drains, so each layer's buffer
+holds the same mix of fresh and stale patches: flowing computes what draining computes, bit for bit.
+A call that differs (a callback that edits latents, a loop the forecast does not reproduce) is undone
+and drains, and so do the later ones; ``comm_stats(pipe)["flow"]`` says so. ``pipefusion_flow=False``
+drains every call; so does a pipeline whose CFG halves are split over ranks (``cfg_parallel``). Each call
+measures the share of it each rank spent idle, ``idle_share`` in ``paradiff.comm_stats``.
 
 Memory: the other stages' parameters are freed, not copied anywhere (each keeps its ``Parameter``
 object, holding an empty tensor). ``unparallelize`` restores them exactly by broadcasting each
@@ -24,6 +34,8 @@ and ``parallelize`` frees them the same way.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +47,7 @@ from ..layers.sdpa_kv import SDPACompletionHook
 from ..models import Capability, DenoiserFamily, family_of
 from ..runtime.comm import Communicator
 from ..stages.blocks import (
+    CFG_HALVES_DRAIN,
     PassThroughHook,
     PatchKV,
     PatchText,
@@ -47,6 +60,7 @@ from ..stages.blocks import (
 )
 from ..stages.cut import balanced_cut, measured_costs
 from ..stages.load_stage import LOADED_STAGE_ATTRIBUTE, loaded_cut, loaded_stage
+from ..stages.next_call import NextCall
 from ..stages.release import check_releasable, params_of, release_other_stages, stage_groups
 from .base import Strategy, StrategyOptions, is_count, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums
@@ -64,12 +78,18 @@ class PipeFusionOptions(StrategyOptions):
             efficiently).
         pipefusion_stages: number of transformer blocks of each stage, in block order (one entry per rank of the
             pipeline); ``None`` (default): contiguous stages of about equal measured cost.
+        pipefusion_flow: after warm-up, start the next denoiser call's first patches while the last stage finishes
+            this call's (True, default: each rank idles only while the pipeline first fills), or drain the pipeline
+            at the end of every call (False). Both compute the same result.
     """
 
     pipefusion_patches: int | None = None
     pipefusion_stages: tuple[int, ...] | None = None
+    pipefusion_flow: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.pipefusion_flow, bool):
+            raise ParadiffError(f"pipefusion_flow must be True or False, got {self.pipefusion_flow!r}")
         patches, stages = self.pipefusion_patches, self.pipefusion_stages
         if patches is not None and not is_count(patches, 1):
             raise ParadiffError(f"pipefusion_patches must be None or an integer >= 1, got {patches!r}")
@@ -89,20 +109,29 @@ class PipeFusionStrategy(Strategy):
     needs = (Capability.BLOCK_CHAIN,)
     follows_model_changes = False
 
+    #: Draining at every call is predicted beside flowing (the default).
+    plan_variants = (((("pipefusion_flow", False),), 2),)
+
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
-        """1/N of the blocks over M patches in M + N − 1 slots (the pipeline fills and drains every call);
-        embeddings and head on every rank; each stage passes its patch's hidden states on."""
-        w, groups = m.w, m.groups
-        patches = setting.options.get("pipefusion_patches") or default_patches(w.token_rows, n)
-        stage = max(balanced_sums(tuple(f / groups for f in w.unit_flops), n))
-        outside = (w.flops - w.stack_flops) / groups
-        boundary = max(w.unit_output_bytes, default=0.0) / groups
-        sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), m.calls * (n - 1))
-        compute = (patches + n - 1) * m.compute(stage / patches, calls=1 / n) + m.compute(outside, calls=0)
-        transfer = m.transfer(boundary, m.calls * patches)
-        weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
-        return StepCost(sync, m.displaced(compute, transfer), boundary, boundary, weights + w.kv_bytes / groups / n)
+        """1/N of the blocks per rank over M patches per call; the embeddings and head on every rank; each stage
+        passes its patch's hidden states on. Draining, each call runs M + N − 1 patch slots; flowing, M, plus one
+        forward around the blocks per patch worked out ahead on the first and the last stage, a vote per call
+        and the next latents sent from the last stage to the first, and the N − 1 slots of filling the pipeline
+        once; under the CFG split each call drains (its next latent needs both halves). Without
+        ``pipefusion_patches`` the plan chooses the M (a divisor of the token rows, at least N) whose loop is
+        fastest."""
+        flows = setting.options.get("pipefusion_flow", True) and m.groups == 1
+        patches = setting.options.get("pipefusion_patches")
+        if patches is not None:
+            return _pipeline_step(m, n, patches, flows)
+        rows = m.w.token_rows
+        costs = [_pipeline_step(m, n, p, flows) for p in range(n, rows + 1) if rows % p == 0] or [
+            _pipeline_step(m, n, default_patches(rows, n), flows)
+        ]
+        displaced = max(setting.displaced, 1)
+        best = min(costs, key=lambda cost: displaced * cost.displaced_s + cost.fill_s)
+        return dataclasses.replace(best, chosen={"pipefusion_patches": best.chosen["pipefusion_patches"]})
 
     @classmethod
     def check_world(cls, degree: int, config) -> None:
@@ -160,9 +189,17 @@ class PipeFusionStrategy(Strategy):
         first = sum(cut[: comm.rank])
         mine = range(first, first + cut[comm.rank])
         installed = PipeFusionInstallation(denoiser, self.name, comm, blocks, cut)
+        block_hooks = {i: PassThroughHook(stack) for i in range(len(blocks)) if i != first}
+
+        def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
+            return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
+
+        flows, why = self.flows()
+        call = installed.call = PipelineCall(comm, stack, Stage(stack, comm, stage_forwards), flows, why)
 
         def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:
-            return PatchKV(comm, f"{installed.hook_name}.{name}.k"), PatchKV(comm, f"{installed.hook_name}.{name}.v")
+            prefix = f"{installed.hook_name}.{name}"
+            return PatchKV(comm, f"{prefix}.k", call.undo), PatchKV(comm, f"{prefix}.v", call.undo)
 
         own_modules = {id(m) for i in mine for m in blocks[i].modules()}
         layers = [(name, attn) for name, attn in family.self_attention(denoiser) if id(attn) in own_modules]
@@ -173,14 +210,8 @@ class PipeFusionStrategy(Strategy):
         else:
             kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
 
-        call = PipelineCall(comm)
         installed.hook(denoiser, PipelineCallHook(family, call, self.options.pipefusion_patches, vae_scale_factor))
-        block_hooks = {i: PassThroughHook(stack) for i in range(len(blocks)) if i != first}
-
-        def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
-            return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
-
-        block_hooks[first] = StageEntryHook(Stage(stack, call, stage_forwards))
+        block_hooks[first] = StageEntryHook(call)
         for index, block in enumerate(blocks):
             installed.hook(block, block_hooks[index])
         for module, layer_hook in kv_hooks:
@@ -190,6 +221,45 @@ class PipeFusionStrategy(Strategy):
         installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
+
+    def flows(self) -> tuple[bool, str]:
+        """Whether denoiser calls may flow into the next one, and why not."""
+        if not self.options.pipefusion_flow:
+            return False, "pipefusion_flow=False: each call drains"
+        if self.groups is not None and self.groups.cfg is not None:
+            return False, CFG_HALVES_DRAIN
+        return True, ""
+
+
+def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCost:
+    """The step of N = ``n`` stages over ``patches`` patches per call, flowing from call to call or draining."""
+    w, groups, calls = m.w, m.groups, m.calls
+    stage = max(balanced_sums(tuple(f / groups for f in w.unit_flops), n))
+    outside = (w.flops - w.stack_flops) / groups  # embeddings and head: every rank, every call
+    boundary = max(w.unit_output_bytes, default=0.0) / groups
+    slot = m.compute(stage / (calls * patches), calls=1 / (n * calls))  # one patch through one stage
+    sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), calls * (n - 1))
+    transfer = m.transfer(boundary, calls * patches)
+    kv = w.kv_bytes / groups / n  # this stage's layers' buffers of the whole image, per call of a step
+    weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
+    if not flows:
+        compute = calls * (patches + n - 1) * slot + m.compute(outside, calls=0)
+        memory = weights + kv
+        return StepCost(
+            sync, m.displaced(compute, transfer), boundary, boundary, memory, 0.0, {"pipefusion_patches": patches}
+        )
+    around = m.compute(outside / calls, calls=0) + m.hw.call_overhead_s  # a forward around the blocks
+    latents = w.latent_bytes / groups  # the next latent, from the last stage to the first, per worked-out patch
+    ring = m.transfer(latents / calls, 1)
+    late = max(0.0, 2 * around + ring - (patches - n) * slot)  # when the next latent comes later than needed
+    vote = m.transfer(8.0, 1)
+    compute = calls * (patches * slot + (n - 1) * around + vote + late) + m.compute(outside, calls=0)
+    transfer += m.transfer(latents * (n - 1), calls * (n - 1))
+    memory = weights + kv * (1 + (n - 1) / patches)  # + what the patches worked out ahead overwrite, kept to undo
+    nbytes = max(boundary, latents * (n - 1))  # the busiest rank: a stage's patches, or the last stage's latents
+    return StepCost(
+        sync, m.displaced(compute, transfer), boundary, nbytes, memory, (n - 1) * slot, {"pipefusion_patches": patches}
+    )
 
 
 def default_patches(token_rows: int, stages: int) -> int:
@@ -208,6 +278,22 @@ class PipeFusionInstallation(Installation):
         self.blocks, self.cut = blocks, tuple(cut)
         #: Shapes of the parameters freed on this rank (the other stages'), by ``id`` of the parameter.
         self.released: dict[int, torch.Size] = {}
+        self.call: PipelineCall | None = None
+
+    @contextlib.contextmanager
+    def steer(self, pipe):
+        """For one ``pipe(...)`` call: the forecast of the pipeline's next denoiser call, from its scheduler."""
+        call = self.call
+        if not call.flows:
+            yield
+            return
+        family = family_of(self.model)
+        call.forecast = NextCall(pipe.scheduler, family.latent_arg, family.timestep_arg)
+        try:
+            with call.forecast.watch():
+                yield
+        finally:
+            call.forecast = None
 
     def per_rank(self) -> set[int]:
         return {id(param) for param in params_of(self.blocks)}
