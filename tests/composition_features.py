@@ -80,6 +80,15 @@ def load_lora(family: str, name: str = "style"):
     return load
 
 
+def hotswap_lora(family: str):
+    """Another LoRA's weights swapped into the loaded adapter "style" in place (peft's hotswap)."""
+
+    def swap(pipe) -> None:
+        pipe.load_lora_weights(lora_state_dict(pipe, family, seed=8), adapter_name="style", hotswap=True)
+
+    return swap
+
+
 def then(*changes: Callable) -> Callable:
     def change(pipe) -> None:
         for one in changes:
@@ -192,6 +201,8 @@ FEATURES: dict[str, Feature] = {
     "LoRA loaded after parallelize · SD": Feature("sd", after=load_lora("sd")),
     "LoRA loaded after parallelize · Flux": Feature("flux", after=load_lora("flux")),
     "LoRA unloaded after parallelize · SD": Feature("sd", before=load_lora("sd"), after=unload_lora),
+    "LoRA hot-swapped after parallelize · SD": Feature("sd", before=load_lora("sd"), after=hotswap_lora("sd")),
+    "LoRA hot-swapped after parallelize · Flux": Feature("flux", before=load_lora("flux"), after=hotswap_lora("flux")),
     "LoRA scale set after parallelize · SD": Feature("sd", before=load_lora("sd"), after=scale_adapter),
     "LoRA fused after parallelize · SD": Feature("sd", before=load_lora("sd"), after=fuse_lora),
     "QKV fused after parallelize · SD": Feature("sd", after=fuse_qkv),

@@ -44,6 +44,14 @@ CASES = [
         "refused: cannot follow it (each rank holds only its stage of the blocks)",
     ),
     ("LoRA unloaded after parallelize · SD", "patch", "exact"),
+    ("LoRA hot-swapped after parallelize · SD", "patch", "exact"),
+    ("LoRA hot-swapped after parallelize · SD", "parastep", "exact"),
+    ("LoRA hot-swapped after parallelize · Flux", "ulysses", "exact"),
+    (
+        "LoRA hot-swapped after parallelize · Flux",
+        "pipefusion",
+        "refused: cannot follow it (each rank holds only its stage of the blocks)",
+    ),
     ("LoRA scale set after parallelize · SD", "patch", "exact"),
     ("LoRA fused after parallelize · SD", "patch", "exact"),
     (
