@@ -9,9 +9,10 @@ The pipeline is diffusers' ``WanPipeline`` (two transformer calls per step for C
 256 px are 5 latent frames of 32 × 32, i.e. 5 × 16 × 16 = 1280 tokens per call. Timed: the denoising
 loop (``output_type="latent"``); the video VAE is the tiny one of the tests. ``ulysses`` is diffusers'
 own Ulysses attention (``enable_parallelism`` with the class's ``_cp_plan``), which paradiff only sets
-up. Prints latency, speedup over one device, bytes per step, the call's working memory per rank (how far
-the resident set grew above its size at the call's start: activations and exchange buffers, not weights) and
-PSNR of the latents against one device (peak: the one-device latents' range), and writes JSON.
+up; ``patch-bf16`` is ``patch`` keeping the other bands' stale K/V in bf16 (``stale_dtype``). Prints latency,
+speedup over one device, bytes per step, the call's working memory per rank (how far the resident set grew above
+its size at the call's start: activations and exchange buffers, not weights) and PSNR of the latents against one
+device (peak: the one-device latents' range), and writes JSON.
 
 Long videos (``--only long``): diffusers' ``SkyReelsV2DiffusionForcingPipeline`` with a random
 ``SkyReelsV2Transformer3DModel`` of the same size (7 blocks, width 512, feed-forward 2048; ~32M parameters),
@@ -48,14 +49,15 @@ from paradiff.tiny.forcing import df_call, latent_frames_to_frames
 QUICK = {"size": 64, "frames": 5, "steps": 3}
 #: The benchmark's transformer (about 30M parameters); the rest of the tiny test pipeline is kept.
 WAN_30M = dict(num_attention_heads=8, attention_head_dim=64, ffn_dim=2048, num_layers=7, rope_max_seq_len=1024)
-#: The strategies run, each with its options; the first three steps exact (the displaced ones' warm-up).
+#: The rows: strategy and options; the first three steps exact (the displaced ones' warm-up).
 STRATEGIES = {
-    "patch": {"warmup_steps": 2},
-    "pipefusion": {"warmup_steps": 2},
-    "asyncdiff": {"warmup_steps": 2},
-    "parastep": {"warmup_steps": 2},
-    "cfg": {},
-    "ulysses": {},
+    "patch": ("patch", {"warmup_steps": 2}),
+    "patch-bf16": ("patch", {"warmup_steps": 2, "stale_dtype": "bfloat16"}),
+    "pipefusion": ("pipefusion", {"warmup_steps": 2}),
+    "asyncdiff": ("asyncdiff", {"warmup_steps": 2}),
+    "parastep": ("parastep", {"warmup_steps": 2}),
+    "cfg": ("cfg", {}),
+    "ulysses": ("ulysses", {}),
 }
 
 #: The long-video table's transformer (the same size) and call: latent frames of one pass, steps, pixels.
@@ -308,7 +310,7 @@ def main() -> None:
     latent_range = float(base["latents"].max() - base["latents"].min())
     for strategy in args.strategies.split(","):
         with RankPool(2, timeout_s=7200, threads_per_rank=1) as pool:  # fresh processes: their memory untouched
-            ranks = pool.run(on_ranks, strategy, STRATEGIES[strategy], *shape)
+            ranks = pool.run(on_ranks, *STRATEGIES[strategy], *shape)
         latency = max(result["latency_s"] for result in ranks)
         rows.append(
             {

@@ -8,7 +8,13 @@ from .errors import ParadiffError
 from .strategies import strategy_class, strategy_names, supported_combinations
 
 #: Options every strategy shares, with their defaults (the fields of :class:`ParallelConfig` but ``options``).
-SHARED_OPTIONS = {"warmup_steps": 4, "cfg_parallel": False, "timeout_s": 600.0, "parallel_vae": True}
+SHARED_OPTIONS = {
+    "warmup_steps": 4,
+    "cfg_parallel": False,
+    "timeout_s": 600.0,
+    "parallel_vae": True,
+    "device_memory": None,
+}
 
 
 @dataclass(frozen=True, init=False)
@@ -38,6 +44,9 @@ class ParallelConfig:
         timeout_s: every collective fails after this many seconds instead of hanging.
         parallel_vae: decode the image in row bands on all ranks (exact) instead of whole on each; a VAE decoder
             paradiff cannot band (the video VAEs) runs on rank 0 alone and the others receive its output.
+        device_memory: one rank's device memory, in GiB or as a hardware profile's name (``"l40-pcie"``): a
+            call whose setting would need more per rank is refused before its denoiser runs, naming the settings
+            that fit. ``None`` (default): a CUDA device's total memory; not checked on CPU ranks.
         options: the strategy's own options (an instance of its ``Options`` dataclass).
     """
 
@@ -46,6 +55,7 @@ class ParallelConfig:
     cfg_parallel: bool
     timeout_s: float
     parallel_vae: bool
+    device_memory: float | str | None
     options: object
 
     def __init__(self, strategy: str = "patch", **options):
@@ -110,3 +120,9 @@ def _check_shared(config: ParallelConfig) -> None:
         raise ParadiffError(f"timeout_s must be positive, got {config.timeout_s!r}")
     if not isinstance(config.parallel_vae, bool):
         raise ParadiffError(f"parallel_vae must be True or False, got {config.parallel_vae!r}")
+    memory = config.device_memory
+    number = isinstance(memory, (int, float)) and not isinstance(memory, bool) and memory > 0
+    if memory is not None and not number and not isinstance(memory, str):
+        raise ParadiffError(
+            f"device_memory must be None, a positive number of GiB or a hardware profile's name, got {memory!r}"
+        )

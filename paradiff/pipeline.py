@@ -35,7 +35,8 @@ from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
 from .layers.decode_broadcast import DecodeOnOneRankHook
 from .models import decoder_family_of, family_of, find_denoiser
-from .plan.auto import check_fidelity, choose
+from .plan.auto import check_fidelity, choose, untouched_generators
+from .plan.memory_fit import call_refusal, memory_setting_bytes, shape_key, smallest_over_ranks
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
@@ -99,6 +100,10 @@ class ParallelState:
     choice: object | None = None
     #: The step caches on the denoiser, adapted to the ranks (``paradiff.caches``); None: no cache.
     caches: Installation | None = None
+    #: One rank's device memory, the smallest over the ranks (None: not known, calls are not checked against it).
+    memory_bytes: float | None = None
+    #: The call shapes (``plan.memory_fit.shape_key``) already found to fit.
+    fitting_shapes: set = field(default_factory=set)
 
     def install(self, pipe) -> None:
         """Install the strategy, the CFG split and the banded decode on the pipeline's model as it is now."""
@@ -189,6 +194,7 @@ class ParallelState:
         if self.strategy is not None and kwargs.get("height") and not _may_resize(stock_call, kwargs):
             degree = self.strategy_part.comm.size
             self.strategy.check_height(self.denoiser, degree, kwargs["height"], vae_scale_factor(pipe))
+        self.check_memory(pipe, stock_call, args, kwargs)
         kwargs = agree_on_noise(kwargs, self.world)
         for part in self.parts:
             part.begin_run()
@@ -204,6 +210,18 @@ class ParallelState:
         finally:
             if not lost_a_rank:
                 self.drain()
+
+    def check_memory(self, pipe, stock_call, args: tuple, kwargs: dict) -> None:
+        """Refuse a call of a new shape whose setting would not fit in a rank's device memory (every rank alike:
+        the arguments and the memory figure are agreed)."""
+        key = shape_key(kwargs)
+        if self.memory_bytes is None or key in self.fitting_shapes:
+            return
+        with _original_class(pipe, self.original_class), untouched_generators(pipe, kwargs):
+            refusal = call_refusal(pipe, stock_call, args, kwargs, self.config, self.world.size, self.memory_bytes)
+        if refusal is not None:
+            raise ParadiffError(refusal)
+        self.fitting_shapes.add(key)
 
     def drain(self) -> None:
         for part in self.parts:
@@ -358,6 +376,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
         refusal = error  # raised once the ranks agree on what they run: a rank that differs is named instead
     if world_size == 1:
         return pipe
+    memory = memory_setting_bytes(config.device_memory, local_device())
     timeout = timedelta(seconds=config.timeout_s)
     ensure_process_group(timeout)
     start_heartbeat()
@@ -373,6 +392,7 @@ def parallelize(pipe, strategy: str = "patch", config: ParallelConfig | None = N
     if device.type == "cuda" and find_denoiser(pipe).device != device:
         pipe.to(device)
     state = ParallelState(config, type(pipe), _exact_communicator(groups.world), groups)
+    state.memory_bytes = smallest_over_ranks(memory, groups.world.group)
     state.install(pipe)
     pipe._paradiff = state
     pipe.__class__ = _parallel_class(type(pipe))

@@ -10,6 +10,10 @@ family's processor, after the rotation.
 With ``partial_context`` set (PCPP), displaced steps attend to the own band plus the rows nearest the
 border of each neighbouring band (a fraction of that band's rows), received from the two neighbours
 only; 0 means the own band alone.
+
+With ``stale_dtype`` set, displaced steps send and keep the other bands' K/V in that narrower dtype and widen
+them as they are read: the buffers that hold a whole sequence per attention layer shrink by the ratio of the
+item sizes, and warm-up steps, which exchange this step's K/V, stay exact.
 """
 
 from __future__ import annotations
@@ -29,15 +33,25 @@ from ..runtime.comm import Communicator, NeighbourExchange, SlotExchange
 class DisplacedKV:
     """Completes one layer's band of keys or values to the tokens the band attends to."""
 
-    def __init__(self, comm: Communicator, name: str, tag: int, partial_context: float | None):
+    def __init__(
+        self,
+        comm: Communicator,
+        name: str,
+        tag: int | None,
+        partial_context: float | None,
+        stale_dtype: torch.dtype | None = None,
+    ):
         self.comm, self.name, self.tag, self.partial_context = comm, name, tag, partial_context
+        self.stale_dtype = stale_dtype
 
     def complete(self, local: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
         comm, state = self.comm, self.comm.state
         gather = state.exchange(self.name, lambda: SlotExchange(comm, self.name))
         if state.synchronous or self.partial_context is None:
-            slots = gather.gather(local, state.synchronous)
-            return torch.cat([local if r == comm.rank else s for r, s in enumerate(slots)], dim=token_dim)
+            slots = gather.gather(self._sent(local, state.synchronous), state.synchronous)
+            return torch.cat(
+                [local if r == comm.rank else s.to(local.dtype) for r, s in enumerate(slots)], dim=token_dim
+            )
         if self.partial_context == 0:
             return local
         band_tokens = local.shape[token_dim]
@@ -56,6 +70,12 @@ class DisplacedKV:
         neighbours = state.exchange(key, lambda: NeighbourExchange(comm, key, self.tag))
         above, below = neighbours.exchange(top, bottom, False, initial=from_last_full_gather)
         return torch.cat([t for t in (above, local, below) if t is not None], dim=token_dim)
+
+    def _sent(self, local: torch.Tensor, synchronous: bool) -> torch.Tensor:
+        """What this rank's piece travels and is kept as: narrowed on displaced steps where ``stale_dtype`` is
+        narrower than the piece."""
+        narrow = self.stale_dtype is not None and self.stale_dtype.itemsize < local.dtype.itemsize
+        return local.to(self.stale_dtype) if narrow and not synchronous else local
 
 
 class KVProjectionHook(ModelHook):

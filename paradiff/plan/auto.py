@@ -57,7 +57,7 @@ def check_fidelity(fidelity: str) -> None:
 
 
 @contextlib.contextmanager
-def _untouched(pipe, kwargs: dict):
+def untouched_generators(pipe, kwargs: dict):
     """The generators in ``kwargs`` and the progress bar as they were, whatever runs inside (bar off meanwhile)."""
 
     generators = kwargs.get("generator")
@@ -90,7 +90,7 @@ def choose(pipe, stock_call, args: tuple, kwargs: dict, fidelity: str, warmup_st
     job = PlanJob(
         model=type(pipe).__name__, nproc=dist.get_world_size(), steps=steps, warmups=(warmup_steps,), width=width
     )
-    with _untouched(pipe, kwargs):
+    with untouched_generators(pipe, kwargs):
         plan = plan_pipeline(pipe, call, size, job, local_device())
     decided = None
     if plan is not None:  # rank 0

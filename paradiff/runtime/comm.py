@@ -644,7 +644,9 @@ class SlotExchange(_LayerExchange):
 
     def _launch(self, parts, background, reuse):
         (local,) = parts
-        slots = reuse if reuse is not None else [torch.empty_like(local) for _ in range(self.comm.size)]
+        if reuse is None or reuse[0].dtype != local.dtype:  # a warm-up step's buffers are wider than a narrowed piece
+            reuse = [torch.empty_like(local) for _ in range(self.comm.size)]
+        slots = reuse
         work, nbytes = self.comm.all_gather(slots, local, background)
         return slots, [work], nbytes
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from ..errors import ParadiffError
@@ -25,6 +26,9 @@ from .base import Strategy, StrategyOptions, is_count
 from .costing import CostMachine, CostSetting, StepCost
 from .installation import Installation
 
+#: The dtypes displaced K/V may be kept in (``stale_dtype``).
+STALE_DTYPES = ("bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class PatchOptions(StrategyOptions):
@@ -36,10 +40,14 @@ class PatchOptions(StrategyOptions):
         bucket_limit_bytes: on displaced steps, a layer's piece smaller than this is packed with the other small
             pieces into one transfer per denoiser call (few launches); larger pieces are sent on their own as soon
             as they exist (a whole step to arrive behind the compute).
+        stale_dtype: ``"bfloat16"`` or ``"float16"``: on displaced steps the other bands' keys and values travel
+            and are kept in this dtype where it is narrower than the model's (half the memory and bytes of
+            an fp32 model's buffers); warm-up steps stay exact. ``None`` (default): the model's dtype.
     """
 
     partial_context: float | None = None
     bucket_limit_bytes: int = BUCKET_LIMIT_BYTES
+    stale_dtype: str | None = None
 
     def __post_init__(self):
         context = self.partial_context
@@ -48,6 +56,14 @@ class PatchOptions(StrategyOptions):
             raise ParadiffError(f"partial_context must be None or within [0, 1], got {self.partial_context!r}")
         if not is_count(self.bucket_limit_bytes, 0):
             raise ParadiffError(f"bucket_limit_bytes must be an integer >= 0, got {self.bucket_limit_bytes!r}")
+        if self.stale_dtype is not None and self.stale_dtype not in STALE_DTYPES:
+            raise ParadiffError(
+                f"stale_dtype must be None or one of {', '.join(map(repr, STALE_DTYPES))}, got {self.stale_dtype!r}"
+            )
+
+    @property
+    def stale_torch_dtype(self) -> torch.dtype | None:
+        return None if self.stale_dtype is None else getattr(torch, self.stale_dtype)
 
 
 class PatchStrategy(Strategy):
@@ -60,13 +76,21 @@ class PatchStrategy(Strategy):
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
         """1/N of every layer's tokens; the keys and values of every image attention layer gathered from the
         other bands ((N−1)/N of them), a halo row above and below each 3×3 convolution, a statistics exchange
-        per GroupNorm, and the bands of the prediction gathered."""
+        per GroupNorm, and the bands of the prediction gathered. A narrower ``stale_dtype`` shrinks the displaced
+        steps' keys and values, sent and kept."""
         w, groups = m.w, m.groups
+        stale = setting.options.get("stale_dtype")
+        narrowing = min(1.0, getattr(torch, stale).itemsize / w.itemsize) if stale else 1.0
         compute = m.compute(w.flops / groups / n)
-        nbytes = (w.kv_bytes + 2 * w.halo_row_bytes + w.latent_bytes) / groups * (n - 1) / n
-        transfer = m.transfer(nbytes, m.calls * (w.attention_layers + w.convolutions + w.group_norms + 1))
-        memory = m.weights + w.kv_bytes / groups
-        return StepCost(compute + transfer, m.displaced(compute, transfer), nbytes, nbytes, memory)
+        transfers = m.calls * (w.attention_layers + w.convolutions + w.group_norms + 1)
+        others = (2 * w.halo_row_bytes + w.latent_bytes) / groups * (n - 1) / n
+        nbytes = w.kv_bytes / groups * (n - 1) / n + others
+        displaced_bytes = w.kv_bytes * narrowing / groups * (n - 1) / n + others
+        transfer = m.transfer(displaced_bytes, transfers)
+        memory = m.weights + w.kv_bytes * narrowing / groups
+        return StepCost(
+            compute + m.transfer(nbytes, transfers), m.displaced(compute, transfer), nbytes, displaced_bytes, memory
+        )
 
     @classmethod
     def check_model(cls, denoiser: nn.Module, family: DenoiserFamily, degree: int, config) -> None:
@@ -93,7 +117,7 @@ class PatchStrategy(Strategy):
         """Hook ``denoiser`` (or a VAE decoder: any module ``family`` describes) to run in row bands."""
         installed = Installation(denoiser, self.name)
         comm.bucket_limit_bytes = self.options.bucket_limit_bytes
-        partial_context = self.options.partial_context
+        partial_context, stale_dtype = self.options.partial_context, self.options.stale_torch_dtype
         if family.split_by_plan:
             return self.install_by_plan(installed, denoiser, family, comm)
         plan = []
@@ -106,7 +130,10 @@ class PatchStrategy(Strategy):
                     plan.append((module, BandGroupNormHook(comm, name)))
 
         def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
-            return tuple(DisplacedKV(comm, f"{name}.{p}", comm.tags(1, lasting=True)[0], partial_context) for p in "kv")
+            return tuple(
+                DisplacedKV(comm, f"{name}.{p}", comm.tags(1, lasting=True)[0], partial_context, stale_dtype)
+                for p in "kv"
+            )
 
         kv_hooks, processors = plan_kv_completion(family, family.self_attention(denoiser), kv_pair, self.name)
         plan += kv_hooks
@@ -128,7 +155,7 @@ class PatchStrategy(Strategy):
         """Cut the token sequences where the family's plan says; complete K/V where attention is computed."""
 
         def kv_pair(name: str) -> tuple[DisplacedKV, DisplacedKV]:
-            return tuple(DisplacedKV(comm, f"{name}.{p}", None, None) for p in "kv")
+            return tuple(DisplacedKV(comm, f"{name}.{p}", None, None, self.options.stale_torch_dtype) for p in "kv")
 
         text = JointText(first=family.joint_text_first)
         for module, hook in plan_hooks(denoiser, family, family.split_plan(denoiser), comm, text):
