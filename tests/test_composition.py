@@ -19,6 +19,9 @@ from composition_features import FEATURES, compose
 
 COMPOSITION_DOC = Path(__file__).resolve().parents[1] / "docs" / "composition.md"
 
+#: What a strategy that keeps only a rank's stage of the blocks says to a change of the model.
+CANNOT_FOLLOW = "refused: cannot follow it (each rank holds only its stage of the blocks)"
+
 CASES = [
     ("torchao int8 weight-only · SD", "patch", "exact"),
     ("torchao int8 weight-only · SD", "cfg", "exact"),
@@ -38,20 +41,12 @@ CASES = [
     ("LoRA loaded after parallelize · SD", "asyncdiff", "exact"),
     ("LoRA loaded after parallelize · SD", "cfg", "exact"),
     ("LoRA loaded after parallelize · Flux", "ulysses", "exact"),
-    (
-        "LoRA loaded after parallelize · Flux",
-        "pipefusion",
-        "refused: cannot follow it (each rank holds only its stage of the blocks)",
-    ),
+    ("LoRA loaded after parallelize · Flux", "pipefusion", CANNOT_FOLLOW),
     ("LoRA unloaded after parallelize · SD", "patch", "exact"),
     ("LoRA hot-swapped after parallelize · SD", "patch", "exact"),
     ("LoRA hot-swapped after parallelize · SD", "parastep", "exact"),
     ("LoRA hot-swapped after parallelize · Flux", "ulysses", "exact"),
-    (
-        "LoRA hot-swapped after parallelize · Flux",
-        "pipefusion",
-        "refused: cannot follow it (each rank holds only its stage of the blocks)",
-    ),
+    ("LoRA hot-swapped after parallelize · Flux", "pipefusion", CANNOT_FOLLOW),
     ("LoRA scale set after parallelize · SD", "patch", "exact"),
     ("LoRA fused after parallelize · SD", "patch", "exact"),
     (
