@@ -126,3 +126,14 @@ def _check_shared(config: ParallelConfig) -> None:
         raise ParadiffError(
             f"device_memory must be None, a positive number of GiB or a hardware profile's name, got {memory!r}"
         )
+
+
+def check_world(strategy: str, world_size: int) -> None:
+    """Refuse a world size ``strategy`` cannot run on, as ``parallelize`` would (one rank runs no strategy).
+
+    The ranks ask this before loading anything: it imports the strategy's module, and with it diffusers, which
+    a launcher's parent process does not pay for.
+    """
+    if world_size < 2 or strategy == "auto":
+        return
+    strategy_class(strategy).degrees(world_size, ParallelConfig(strategy=strategy))

@@ -45,3 +45,19 @@ def pool2(rank_pool):
 def pool4(rank_pool):
     """A session-wide pool of 4 gloo ranks."""
     return rank_pool(4)
+
+
+@pytest.fixture
+def ranks_here(monkeypatch):
+    """The CLI's ranks' function runs in this process, and making a process group fails the test: for the refusals
+    the ranks make before they load anything or talk to one another."""
+    import paradiff.bench.run
+    import paradiff.cli
+    import paradiff.runtime.distributed
+
+    def no_group(*args, **kwargs):
+        raise AssertionError("a process group was made")
+
+    monkeypatch.setattr(paradiff.runtime.distributed, "ensure_process_group", no_group)
+    monkeypatch.setattr(paradiff.bench.run, "ensure_process_group", no_group)
+    monkeypatch.setattr(paradiff.cli, "run_on_ranks", lambda fn, nproc, *args, **kwargs: fn(*args))

@@ -93,10 +93,6 @@ def no_workers(monkeypatch):
         (["--warmup", "-1"], "--warmup takes integers >= 0"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--nproc", "1"], "bench compares N ranks with one device; use --nproc 2 or more, got 1"),
-        (
-            ["--nproc", "3", "--device", "cpu", "--strategies", "patch,cfg"],
-            "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3",
-        ),
         (["--guidance", "inf"], "--guidance must be a finite number, got inf"),
         (["--guidance", "nan"], "--guidance must be a finite number, got nan"),
         (["--prompt", "a red circle"], "--prompts N draws N built-in scenes; leave it out with --prompt"),
@@ -106,6 +102,13 @@ def test_bad_input(capsys, no_workers, tmp_path, argv, message):
     assert cli.main([*BENCH, "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_the_ranks_refuse_a_world_a_strategy_cannot_run_before_anything_else(capsys, ranks_here, tmp_path):
+    argv = [*BENCH, "--out", str(tmp_path), "--nproc", "3", "--device", "cpu", "--strategies", "patch,cfg"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(

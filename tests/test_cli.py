@@ -162,22 +162,32 @@ def test_video_pipelines_write_mp4_and_refuse_an_image_file(tmp_path, capsys):
         (["--seed", "-1"], "--seed must be an integer from 0 to 2**64 - 1, got -1"),
         (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
         (["--nproc", "1000"], "--nproc 1000: this machine has"),
-        (["--nproc", "3"], "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3; launch 2 ranks, or a"),
-        (["--nproc", "3", "--strategy", "patch"], None),  # runs on 3: refused only for what follows
     ],
 )
 def test_bad_input(capsys, monkeypatch, argv, message):
     """Refused in the parent before any worker starts (none may start: run_on_ranks would fail the test)."""
     monkeypatch.setattr("paradiff.cli.run_on_ranks", _no_workers)
-    if message is None:
-        assert main(["generate", "a prompt", *argv]) == 1
-        assert "a worker was started" in capsys.readouterr().err
-        return
     assert main(["generate", "a prompt", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
-    if "cfg" in message:
-        assert "cfg_parallel=True to run" not in err, "no layout that is itself refused on 3 ranks"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        ("cfg", "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3; launch 2 ranks, or a"),
+        ("patch", None),  # runs on 3: the ranks go on to make their group
+    ],
+)
+def test_the_ranks_refuse_a_world_the_strategy_cannot_run_before_anything_else(capsys, ranks_here, strategy, message):
+    """The world size is the ranks' check (the parent would have to import the strategy, and diffusers, for it)."""
+    code = main(["generate", "a prompt", "--nproc", "3", "--strategy", strategy])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 1 and "a process group was made" in err, err
+        return
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert "cfg_parallel=True to run" not in err, "no layout that is itself refused on 3 ranks"
 
 
 def _no_workers(*args, **kwargs):

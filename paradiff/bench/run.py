@@ -23,6 +23,7 @@ import paradiff
 
 from ..caches import parse_cache
 from ..caches.presets import apply_cache, reset_cache
+from ..config import check_world
 from ..devices import rank_device, torch_dtype
 from ..loading import load_pipeline, makes_video, prompt_kwargs, size_kwargs
 from ..runtime.distributed import ensure_process_group, env_world_size
@@ -64,6 +65,8 @@ class BenchResults:
 def bench_on_rank(job: BenchJob) -> BenchResults | None:
     """Every run on this rank; rank 0 returns the results, the other ranks None."""
     torch.set_num_threads(job.threads)
+    for strategy in job.strategies:
+        check_world(strategy, job.nproc)
     world_size = env_world_size()
     if world_size > 1:
         ensure_process_group(timedelta(seconds=job.timeout_s))

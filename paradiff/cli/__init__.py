@@ -45,7 +45,7 @@ from ..loading import (
 from ..plan.architectures import architecture_names
 from ..plan.hardware import hardware_names
 from ..strategies import strategy_names
-from .argument_checks import check_numbers, check_world, given_prompts, resolve_nproc, seed_value, threads_per_rank
+from .argument_checks import check_numbers, given_prompts, resolve_nproc, seed_value, threads_per_rank
 from .generate_job import GenerateJob, check_outputs, generate_on_rank
 from .serve_command import add_serve_parser
 from .summary import generate_json, summary_lines, times_sign
@@ -92,10 +92,9 @@ def generate(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         timeout_s=args.timeout,
     )
-    check_outputs(job)  # before the world check, which imports diffusers
+    check_outputs(job)
     with quiet_output(args.verbose, libraries=False):
-        check_world(strategy, nproc)
-        check_model(job.model)
+        check_model(job.model)  # the world size is the ranks' to check: they import the strategy anyway
     with quiet_output(args.verbose, libraries=_in_process(job.nproc)):
         report = run_on_ranks(
             generate_on_rank, job.nproc, job, device=job.device, verbose=args.verbose, timeout=_timeout(args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from ..errors import ParadiffError
@@ -60,9 +61,14 @@ def seed_value(text: str) -> int:
     return int(value)
 
 
+#: Files a GPU driver makes on Linux (NVIDIA's, ROCm's, WSL's): without any of them torch sees no GPU, so the
+#: launcher's parent need not import torch (seconds) to learn it.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
 def visible_gpus(device: str) -> int:
     """GPUs the ranks would use: none for ``--device cpu``, else those torch sees."""
-    if device == "cpu":
+    if device == "cpu" or sys.platform == "linux" and not any(map(os.path.exists, GPU_DEVICE_FILES)):
         return 0
     import torch
 
@@ -104,16 +110,6 @@ def resolve_nproc(args: argparse.Namespace) -> int:
 def threads_per_rank(threads: int | None, nproc: int) -> int:
     """``--threads``, or by default (None or 0) the CPU cores shared out among the ranks."""
     return threads or max(1, (os.cpu_count() or 1) // max(nproc, 1))
-
-
-def check_world(strategy: str, nproc: int) -> None:
-    """Refuse a world size the strategy cannot run on, as ``parallelize`` would (one rank runs no strategy)."""
-    if nproc < 2 or strategy == "auto":
-        return
-    from ..config import ParallelConfig
-    from ..strategies import strategy_class
-
-    strategy_class(strategy).degrees(nproc, ParallelConfig(strategy=strategy))
 
 
 def given_prompts(args: argparse.Namespace, positional: list[str] | None = None) -> list[str]:

@@ -11,7 +11,7 @@ from ..caches import parse_cache
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
-from .argument_checks import check_numbers, check_world, given_prompts, resolve_nproc, threads_per_rank
+from .argument_checks import check_numbers, given_prompts, resolve_nproc, threads_per_rank
 
 
 def job_from_args(args: argparse.Namespace, threads: int | None = None) -> BenchJob:
@@ -32,8 +32,7 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
     strategies = comma_list(args.strategies, "--strategies")
     warmups = tuple(warmup_setting(item) for item in comma_list(args.warmup, "--warmup"))
     for strategy in strategies:
-        ParallelConfig(strategy=strategy)  # raises "unknown strategy 'x'; available: ..."
-        check_world(strategy, nproc)  # raises "strategy='cfg' runs ... got a world of 3 ..."
+        ParallelConfig(strategy=strategy)  # raises "unknown strategy 'x'; available: ..."; the ranks check the world
     caches = tuple(dict.fromkeys(args.cache or ()))
     for cache in caches:
         parse_cache(cache)  # raises "unknown cache 'x'; available: ..." or names the settings' JSON error

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import check_world
 from ..devices import rank_device, torch_dtype
 from ..errors import ParadiffError, ParadiffWarning
 from ..loading import (
@@ -254,6 +255,7 @@ def generate_on_rank(job: GenerateJob) -> dict:
     from ..stages.load_stage import load_stage_pipeline
 
     torch.set_num_threads(job.threads)
+    check_world(job.strategy, job.nproc)
     if job.nproc > 1:
         ensure_process_group(timedelta(seconds=job.timeout_s))
     rank = dist.get_rank() if dist.is_initialized() else 0

@@ -14,7 +14,7 @@ from ..errors import ParadiffError
 from ..launch.quiet import quiet_output
 from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model
 from ..serve.settings import API_KEY_ENV, Limits, ServeSettings
-from .argument_checks import check_world, resolve_nproc, threads_per_rank
+from .argument_checks import resolve_nproc, threads_per_rank
 
 #: Packages only ``paradiff serve`` needs: the ``serve`` extra.
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")
@@ -122,7 +122,6 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
     if args.strategy != "auto" and args.strategy not in strategy_names():
         raise ParadiffError(f"unknown --strategy {args.strategy!r}; use auto or one of {', '.join(strategy_names())}")
     nproc = resolve_nproc(args)
-    check_world(args.strategy, nproc)
     limits = Limits(args.max_n, args.max_steps, args.max_frames, args.max_prompt_chars, args.max_size)
     return ServeSettings(
         model=args.model,

@@ -23,6 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..errors import ParadiffError
 from .link import Closed, SocketLink, queue_pair
 from .ranks import run_ranks, serve_on_rank
 from .settings import ServeSettings
@@ -102,7 +103,7 @@ class LaunchedRanks:
             if self.stopping.is_set():
                 return
             if refused:  # the model or the settings cannot run: starting again would not help
-                scheduler.event("failed", f"the ranks could not start: {error}")
+                scheduler.event("failed", f"the ranks could not start: {error}", True)
                 return
             if error is None:
                 error = "the ranks stopped on their own"
@@ -119,7 +120,6 @@ class LaunchedRanks:
     def _run_group(self, scheduler, ready: threading.Event) -> tuple[str | None, bool]:
         """Run one group of ranks until it ends; what ended it (None: asked to stop), and whether it was a refusal
         every rank raised (a :class:`~paradiff.errors.ParadiffError`: bad settings or a model that cannot load)."""
-        from ..errors import ParadiffError
         from ..launch import run_on_ranks
 
         failure: list[tuple[str, bool]] = []
@@ -177,6 +177,8 @@ class LocalRanks:
         def run() -> None:
             try:
                 run_ranks(self.settings, self.ranks)
+            except ParadiffError as error:  # a refusal escapes the ranks' loop only before it loads
+                scheduler.event("failed", f"the ranks could not start: {error}", True)
             except BaseException as error:
                 scheduler.event("failed", f"{type(error).__name__}: {error}")
             finally:

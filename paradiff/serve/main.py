@@ -99,6 +99,8 @@ def _serve_front(settings: ServeSettings) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         listener.close()
+    if scheduler.refused:  # bad input, as the CLI's other refusals: one line and exit 2
+        raise ParadiffError(scheduler.last_error)
     if scheduler.failed:
         say(f"stopped: {scheduler.last_error}")
         return 1

@@ -73,6 +73,7 @@ class Scheduler:
         self.videos: OrderedDict[str, Pending] = OrderedDict()
         self.draining = False
         self.failed = False
+        self.refused = False
         #: Mean seconds of a call, for ``Retry-After`` (None until one has run).
         self.call_s: float | None = None
         self.ranks = None
@@ -125,8 +126,9 @@ class Scheduler:
                 ),
             )
 
-    def _failed(self, message: str) -> None:
-        self.health, self.last_error, self.failed = "failed", message, True
+    def _failed(self, message: str, refused: bool = False) -> None:
+        """The ranks are gone for good; ``refused``: they refused the settings or the model before loading."""
+        self.health, self.last_error, self.failed, self.refused = "failed", message, True, refused
         batch, self.running = self.running, []
         for pending in [*batch, *self.queue]:
             self._answer(pending, ApiError(503, f"the server has stopped serving: {message}"))
