@@ -1,13 +1,16 @@
-"""The ``pipelines/`` recipes end to end: each one a ``torchrun`` job on 2 CPU ranks, as their docs launch them.
+"""The ``pipelines/`` recipes end to end on 2 CPU ranks, as their docs launch them.
 
-They run as real ``torchrun`` jobs, not on the shared rank pools, because the launch is part of what
-they document. They run one after the other: started together, five jobs' ten ranks and their polling
-waits share two cores and take three times as long.
+Two run as real jobs, because the launch is part of what they document: one under ``torchrun``, one under
+``accelerate launch``. The others run their script on the ranks of a shared pool with the environment torchrun
+sets, which tests the recipe, not the launcher again, without two more workers importing torch and diffusers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +28,8 @@ MODELS = {
     "sd3.py": "tiny",
     "flux.py": "tiny",
 }
+#: The recipe run under ``torchrun`` itself (pixart.py runs under ``accelerate launch``).
+UNDER_TORCHRUN = "stable_diffusion.py"
 SIZE = 64
 JOB_TIMEOUT_S = 240
 
@@ -45,15 +50,27 @@ def _stop(job: subprocess.Popen) -> None:
         job.wait()
 
 
-def _run_recipe(launcher: list[str], recipe: str, tmp_path) -> str:
-    """Run ``recipe`` on 2 ranks started by ``launcher``; check its image and report; its stdout."""
-    command = [
-        *launcher,
+def _recipe_argv(recipe: str, tmp_path) -> list[str]:
+    return [
         *(str(ROOT / "pipelines" / recipe), "--model", MODELS[recipe], "--size", str(SIZE), "--steps", "2"),
         *("--out", str(tmp_path / "image.png")),
     ]
+
+
+def _check_output(stdout: str, tmp_path) -> None:
+    """The recipe's image and report."""
+    with Image.open(tmp_path / "image.png") as image:
+        assert image.format == "PNG" and image.size == (SIZE, SIZE) and image.mode == "RGB"
+    assert stdout.count("wrote ") == 1, stdout  # rank 0 alone saves and reports
+    assert "steps in" in stdout and "MB/step sent" in stdout, stdout
+
+
+def _run_recipe(launcher: list[str], recipe: str, tmp_path) -> str:
+    """Run ``recipe`` on 2 ranks started by ``launcher``; check its image and report; its stdout."""
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
-        job = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=_env(), cwd=tmp_path)
+        job = subprocess.Popen(
+            [*launcher, *_recipe_argv(recipe, tmp_path)], stdout=stdout, stderr=stderr, env=_env(), cwd=tmp_path
+        )
     try:
         code = job.wait(timeout=JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -61,18 +78,40 @@ def _run_recipe(launcher: list[str], recipe: str, tmp_path) -> str:
         pytest.fail(f"{recipe} did not finish in {JOB_TIMEOUT_S} s")
     stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     assert code == 0, stderr[-3000:]
-    with Image.open(tmp_path / "image.png") as image:
-        assert image.format == "PNG" and image.size == (SIZE, SIZE) and image.mode == "RGB"
-    assert stdout.count("wrote ") == 1, stdout  # rank 0 alone saves and reports
-    assert "steps in" in stdout and "MB/step sent" in stdout, stdout
+    _check_output(stdout, tmp_path)
     return stdout
 
 
+def _recipe_on_rank(argv: list[str]) -> str:
+    """The recipe script ``argv[0]`` on this rank, with the variables torchrun sets; what it printed."""
+    import torch.distributed as dist
+
+    saved = dict(os.environ), list(sys.argv), list(sys.path)
+    rank, world = str(dist.get_rank()), str(dist.get_world_size())
+    os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world, LOCAL_WORLD_SIZE=world)
+    sys.argv, sys.path[:0] = argv, [str(Path(argv[0]).parent)]
+    sys.modules.pop("_recipe", None)  # it reads the rank when imported
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(argv[0], run_name="__main__")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved[0])
+        sys.argv, sys.path[:] = saved[1], saved[2]
+    return out.getvalue()
+
+
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("recipe", MODELS)
-def test_recipe_on_two_ranks(tmp_path, recipe):
+def test_a_recipe_runs_under_torchrun(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    _run_recipe(torchrun, recipe, tmp_path)
+    _run_recipe(torchrun, UNDER_TORCHRUN, tmp_path)
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S)
+@pytest.mark.parametrize("recipe", [recipe for recipe in MODELS if recipe not in (UNDER_TORCHRUN, "pixart.py")])
+def test_recipe_on_two_ranks(pool2, tmp_path, recipe):
+    _check_output(pool2.run(_recipe_on_rank, _recipe_argv(recipe, tmp_path), timeout_s=JOB_TIMEOUT_S)[0], tmp_path)
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
@@ -85,9 +124,13 @@ def test_a_recipe_runs_under_accelerate_launch(tmp_path):
     assert "on 2 rank(s)" in stdout, stdout
 
 
-@pytest.mark.timeout(120)
-def test_unknown_strategy_is_refused():
-    command = [sys.executable, str(ROOT / "pipelines" / "sd3.py"), "--model", "tiny", "--strategy", "tiles"]
-    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=100)
-    assert done.returncode == 2
-    assert "argument --strategy: invalid choice: 'tiles' (choose from" in done.stderr, done.stderr
+def test_unknown_strategy_is_refused(capsys, monkeypatch):
+    script = str(ROOT / "pipelines" / "sd3.py")
+    monkeypatch.setattr(sys, "argv", [script, "--model", "tiny", "--strategy", "tiles"])
+    monkeypatch.syspath_prepend(str(ROOT / "pipelines"))
+    monkeypatch.delitem(sys.modules, "_recipe", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(script, run_name="__main__")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --strategy: invalid choice: 'tiles' (choose from" in err, err

@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_ranks import cli_on_ranks
 from exactness import assert_exact, latents, relative_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -455,11 +454,11 @@ def test_an_architecture_needs_a_hardware_profile(capsys):
 
 
 @pytest.mark.timeout(180)
-def test_plan_times_this_machine_for_a_model_it_can_load():
-    command = [sys.executable, "-m", "paradiff.cli", "plan", "--model", "paradiff-tiny", "--size", "64", "--steps", "8"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+@pytest.mark.timeout(300)
+def test_plan_times_this_machine_for_a_model_it_can_load(pool2):
+    """On a shared pool, as under torchrun (``test_plan_runs_the_default_model`` starts its own workers)."""
+    code, out, err = cli_on_ranks(pool2, "plan", "--model", "paradiff-tiny", "--size", "64", "--steps", "8")
+    assert code == 0, err[-3000:]
     assert "machine: measured here (on 2 ranks on cpu): one denoiser call " in out and "fastest exact: " in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["cfg"], ["patch"])}
     assert rows["cfg"][-1] == "yes" and rows["patch"][-1] == "no", out
