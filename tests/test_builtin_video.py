@@ -133,15 +133,27 @@ def video_pipe():
     return pipe
 
 
+#: Half of the held-out prompts, each colour in two directions and each direction in three colours (the 24 are
+#: every colour in every direction, in that order); the suite draws these, which takes a minute and a half here.
+CHECKED_PROMPTS = tuple(prompt for i, prompt in enumerate(TEST_PROMPTS) if (i + i // len(DIRECTIONS)) % 2 == 0)
+
+
+def test_the_checked_prompts_are_half_and_cover_every_colour_and_direction():
+    assert len(CHECKED_PROMPTS) == len(TEST_PROMPTS) // 2
+    for words in (COLOURS, DIRECTIONS):
+        counts = {word: sum(f" {word} " in f" {prompt} " for prompt in CHECKED_PROMPTS) for word in words}
+        assert len(set(counts.values())) == 1 and min(counts.values()) >= 2, counts
+
+
 @pytest.mark.timeout(400)
 def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe):
-    """Each of the 24 held-out prompts at the default size, 20 steps, seed 0: the asked colour is found and its
+    """Each checked held-out prompt at the default size, 20 steps, seed 0: the asked colour is found and its
     centroid moves the asked way by at least 15% of the frame between the first and last quarter of the frames,
     in at least 80% of them."""
-    misses = {prompt: motion_misses(draw(video_pipe, prompt, seed=0), prompt) for prompt in TEST_PROMPTS}
+    misses = {prompt: motion_misses(draw(video_pipe, prompt, seed=0), prompt) for prompt in CHECKED_PROMPTS}
     followed = [prompt for prompt, missed in misses.items() if not missed]
-    print(f"followed {len(followed)} of {len(TEST_PROMPTS)}")
-    assert len(followed) >= 0.8 * len(TEST_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
+    print(f"followed {len(followed)} of {len(CHECKED_PROMPTS)}")
+    assert len(followed) >= 0.8 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
 
 
 def test_readme_video_examples_are_the_checked_ones():
