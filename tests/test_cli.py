@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 from cli_ranks import cli_on_ranks
 from PIL import Image
 from scene_analysis import background_of
+from test_docs import README_FIRST
 
 import paradiff
 from paradiff.cli import build_parser, main
@@ -27,9 +29,9 @@ from paradiff.tiny import build_pipeline, prompt_inputs, save
 REFUSAL_BOUND_S = 60
 
 
-def run_cli(*argv: str, timeout: int = 280, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(*argv: str, timeout: int = 280, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "paradiff.cli", *argv]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def cli_env(tmp_path, **extra: str) -> dict:
@@ -43,15 +45,17 @@ THIRD_PARTY_NOISE = re.compile(r"warn|deprecat|Beautiful Soup|Expected types|Loa
 
 @pytest.mark.timeout(300)
 def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
-    out = tmp_path / "circle.png"
-    prompt = "a large red circle at the top left on a white background"  # the README's first command
-    done = run_cli("generate", prompt, "--out", str(out), env=cli_env(tmp_path))
+    """The README's first command as written (tests/test_docs.py leaves it to this test), and what it prints."""
+    words = shlex.split(README_FIRST)
+    assert words[:2] == ["paradiff", "generate"] and words[-2] == "--out", README_FIRST
+    out = tmp_path / words[-1]
+    done = run_cli(*words[1:], env=cli_env(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     with Image.open(out) as image:  # the built-in DiT at 512 px under cfg
         assert image.format == "PNG" and image.size == (512, 512) and image.mode == "RGB"
         assert background_of(np.asarray(image)) == "white", "the picture follows the prompt"
     lines = done.stdout.splitlines()
-    assert lines[0] == f"wrote {out}" and len(lines) == 5, done.stdout
+    assert lines[0] == f"wrote {words[-1]}" and len(lines) == 5, done.stdout
     assert re.fullmatch(r"one device: \d+\.\d\d s", lines[1]), lines
     speed = r"(\d+\.\d× (faster|slower)|as fast as one device)"
     exact = r"(identical to one device|equal to one device within float round-off \(PSNR \d+ dB\))"
@@ -115,13 +119,13 @@ def test_a_size_the_model_cannot_split_is_one_line_and_exit_2_on_every_rank(pool
 
 
 @pytest.mark.timeout(300)
-def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(tmp_path):
+def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(pool2, tmp_path):
     out = tmp_path / "circle.png"
     argv = ["--strategy", "pipefusion", "--no-baseline", "--steps", "2", "--size", "256", "--out", str(out)]
-    done = run_cli("generate", "a red circle", *argv, env=cli_env(tmp_path))
-    assert done.returncode == 0, done.stderr[-3000:]
+    code, stdout, stderr = cli_on_ranks(pool2, "generate", "a red circle", *argv)
+    assert code == 0, stderr[-3000:]
     peak = r"peak memory per rank \(MB\): loading \d+ / \d+, generating \d+ / \d+ \(each rank loaded only its stage"
-    assert re.match(peak, done.stdout.splitlines()[-1]), done.stdout
+    assert re.match(peak, stdout.splitlines()[-1]), stdout
 
 
 @pytest.mark.timeout(120)
