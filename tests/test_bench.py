@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import shlex
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from cli_ranks import cli_on_ranks
 from PIL import Image
 from rank_workers import RankFailure
 
@@ -32,12 +32,12 @@ RUNS = ["one device", "patch warmup=1", "patch warmup=3", "cfg"]
 
 
 @pytest.mark.timeout(240)
-def test_bench_on_two_ranks_writes_every_report_file(tmp_path):
+def test_bench_on_two_ranks_writes_every_report_file(pool2, tmp_path):
+    """On the shared pool, as under torchrun (the next test starts its own workers)."""
     out = tmp_path / "report"
-    command = [sys.executable, "-m", "paradiff.cli", *BENCH, "--strategies", "patch,cfg", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=220)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "[bench] 3/4 patch warmup=3: prompt 2/2 ..." in done.stdout
+    code, stdout, stderr = cli_on_ranks(pool2, *BENCH, "--strategies", "patch,cfg", "--out", str(out))
+    assert code == 0, stderr[-3000:]
+    assert "[bench] 3/4 patch warmup=3: prompt 2/2 ..." in stdout
 
     results = json.loads((out / "results.json").read_text())
     rows = {row["run"]: row for row in results["rows"]}
@@ -53,7 +53,7 @@ def test_bench_on_two_ranks_writes_every_report_file(tmp_path):
     assert rows["cfg"]["psnr_db"] is None or rows["cfg"]["psnr_db"] > 80, "the cfg split is exact"
     assert results["config"]["nproc"] == 2 and results["config"]["size"] == SIZE
     if results["lpips"] != "ok":
-        assert results["lpips"].startswith("skipped: ") and "LPIPS skipped: " in done.stdout
+        assert results["lpips"].startswith("skipped: ") and "LPIPS skipped: " in stdout
 
     page = (out / "report.html").read_text()
     assert results["config"]["command"] in page and "patch warmup=1" in page
