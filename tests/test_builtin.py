@@ -74,7 +74,7 @@ def test_tokenizer_knows_every_word_and_ignores_case_and_punctuation():
 def short_run(tmp_path_factory) -> Path:
     """The folder a short run of the training script wrote."""
     folder = tmp_path_factory.mktemp("short-run")
-    train(folder, scale=0.002, seed=0)
+    train(folder, scale=0.001, seed=0)
     return folder
 
 
@@ -93,7 +93,7 @@ def test_training_script_writes_pipelines_that_load_and_generate(short_run):
 @pytest.mark.timeout(300)
 def test_reusing_a_runs_encoders_reproduces_its_denoisers(short_run, tmp_path):
     """``--encoders``: denoisers train on the float16-rounded encoders either way, so they come out bit-identical."""
-    train(tmp_path, scale=0.002, seed=0, encoders=short_run / "sd")
+    train(tmp_path, scale=0.001, seed=0, encoders=short_run / "sd")
     for denoiser in ("sd/unet", "pixart/transformer"):
         first, second = (load_file(next((folder / denoiser).glob("*.safetensors"))) for folder in (short_run, tmp_path))
         assert first.keys() == second.keys()
