@@ -103,7 +103,7 @@ class LaunchedRanks:
             if self.stopping.is_set():
                 return
             if refused:  # the model or the settings cannot run: starting again would not help
-                scheduler.event("failed", f"the ranks could not start: {error}", True)
+                scheduler.event("refused", error)
                 return
             if error is None:
                 error = "the ranks stopped on their own"
@@ -178,7 +178,7 @@ class LocalRanks:
             try:
                 run_ranks(self.settings, self.ranks)
             except ParadiffError as error:  # a refusal escapes the ranks' loop only before it loads
-                scheduler.event("failed", f"the ranks could not start: {error}", True)
+                scheduler.event("refused", str(error))
             except BaseException as error:
                 scheduler.event("failed", f"{type(error).__name__}: {error}")
             finally:

@@ -60,10 +60,10 @@ def run_ranks(settings: ServeSettings, link) -> None:
     from ..devices import rank_device, torch_dtype
     from ..errors import PeerFailure
     from ..loading import load_pipeline
-    from ..runtime.distributed import ensure_process_group, env_world_size
+    from ..runtime.distributed import ensure_process_group
 
     torch.set_num_threads(settings.threads)
-    check_world(settings.strategy, env_world_size())  # before loading: settings that cannot run end the server
+    check_world(settings.strategy, settings.nproc)  # before loading: settings that cannot run end the server
     ensure_process_group(timedelta(seconds=settings.timeout_s))
     rank, nproc = dist.get_rank(), dist.get_world_size()
     device = rank_device(settings.device)

@@ -87,7 +87,7 @@ class Scheduler:
     # --- events from the ranks (any thread) ----------------------------------------------------------------
 
     def event(self, name: str, *args) -> None:
-        """Handle the ranks' event ``name`` (``ready``, ``done``, ``lost``, ``failed``) on the event loop."""
+        """Handle the ranks' event ``name`` (``ready``, ``done``, ``lost``, ``refused``, ``failed``) on the loop."""
         self.loop.call_soon_threadsafe(getattr(self, f"_{name}"), *args)
 
     def _ready(self, card: ModelCard) -> None:
@@ -126,9 +126,13 @@ class Scheduler:
                 ),
             )
 
-    def _failed(self, message: str, refused: bool = False) -> None:
-        """The ranks are gone for good; ``refused``: they refused the settings or the model before loading."""
-        self.health, self.last_error, self.failed, self.refused = "failed", message, True, refused
+    def _refused(self, reason: str) -> None:
+        """The ranks refused the settings or the model before loading: the server fails as bad input does."""
+        self.refused = True
+        self._failed(f"the ranks could not start: {reason}")
+
+    def _failed(self, message: str) -> None:
+        self.health, self.last_error, self.failed = "failed", message, True
         batch, self.running = self.running, []
         for pending in [*batch, *self.queue]:
             self._answer(pending, ApiError(503, f"the server has stopped serving: {message}"))
