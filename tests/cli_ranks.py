@@ -8,26 +8,34 @@ import io
 import os
 
 
-def _cli_on_rank(argv: list[str], cwd: str | None) -> tuple[int, str, str]:
-    """``paradiff <argv>`` on this rank as torchrun would start it, in the folder ``cwd`` (None: where the rank is);
-    its exit code, stdout and stderr."""
+@contextlib.contextmanager
+def as_torchrun_rank(cwd: str | None = None):
+    """This pool rank with the variables torchrun sets (``RANK``, ``WORLD_SIZE`` and their local twins), in the
+    folder ``cwd`` (None: where the rank is); the environment and folder come back after."""
     import torch.distributed as dist
 
-    from paradiff.cli import main
-
     saved = dict(os.environ), os.getcwd()
-    os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()))
-    out, err = io.StringIO(), io.StringIO()
+    rank, world = str(dist.get_rank()), str(dist.get_world_size())
+    os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world, LOCAL_WORLD_SIZE=world)
     try:
         os.chdir(cwd or saved[1])
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(argv)
-    except SystemExit as exit_info:  # argparse's --version, --help and parse errors
-        code = exit_info.code if isinstance(exit_info.code, int) else int(exit_info.code is not None)
+        yield
     finally:
         os.chdir(saved[1])
         os.environ.clear()
         os.environ.update(saved[0])
+
+
+def _cli_on_rank(argv: list[str], cwd: str | None) -> tuple[int, str, str]:
+    """``paradiff <argv>`` on this rank as torchrun would start it, in ``cwd``; its exit code, stdout and stderr."""
+    from paradiff.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with as_torchrun_rank(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_info:  # argparse's --version, --help and parse errors
+            code = exit_info.code if isinstance(exit_info.code, int) else int(exit_info.code is not None)
     return code, out.getvalue(), err.getvalue()
 
 

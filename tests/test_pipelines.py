@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_ranks import as_torchrun_rank
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +29,8 @@ MODELS = {
     "sd3.py": "tiny",
     "flux.py": "tiny",
 }
-#: The recipe run under ``torchrun`` itself (pixart.py runs under ``accelerate launch``).
-UNDER_TORCHRUN = "stable_diffusion.py"
+#: The recipes run by the launchers themselves; the others run on a pool.
+UNDER_TORCHRUN, UNDER_ACCELERATE = "stable_diffusion.py", "pixart.py"
 SIZE = 64
 JOB_TIMEOUT_S = 240
 
@@ -84,21 +85,15 @@ def _run_recipe(launcher: list[str], recipe: str, tmp_path) -> str:
 
 def _recipe_on_rank(argv: list[str]) -> str:
     """The recipe script ``argv[0]`` on this rank, with the variables torchrun sets; what it printed."""
-    import torch.distributed as dist
-
-    saved = dict(os.environ), list(sys.argv), list(sys.path)
-    rank, world = str(dist.get_rank()), str(dist.get_world_size())
-    os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world, LOCAL_WORLD_SIZE=world)
+    saved = list(sys.argv), list(sys.path)
     sys.argv, sys.path[:0] = argv, [str(Path(argv[0]).parent)]
     sys.modules.pop("_recipe", None)  # it reads the rank when imported
     out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):
+        with as_torchrun_rank(), contextlib.redirect_stdout(out):
             runpy.run_path(argv[0], run_name="__main__")
     finally:
-        os.environ.clear()
-        os.environ.update(saved[0])
-        sys.argv, sys.path[:] = saved[1], saved[2]
+        sys.argv, sys.path[:] = saved
     return out.getvalue()
 
 
@@ -109,7 +104,7 @@ def test_a_recipe_runs_under_torchrun(tmp_path):
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S)
-@pytest.mark.parametrize("recipe", [recipe for recipe in MODELS if recipe not in (UNDER_TORCHRUN, "pixart.py")])
+@pytest.mark.parametrize("recipe", [recipe for recipe in MODELS if recipe not in (UNDER_TORCHRUN, UNDER_ACCELERATE)])
 def test_recipe_on_two_ranks(pool2, tmp_path, recipe):
     _check_output(pool2.run(_recipe_on_rank, _recipe_argv(recipe, tmp_path), timeout_s=JOB_TIMEOUT_S)[0], tmp_path)
 
@@ -120,7 +115,7 @@ def test_a_recipe_runs_under_accelerate_launch(tmp_path):
     way on CPUs); the recipe's ranks find each other through it."""
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    stdout = _run_recipe(launcher, "pixart.py", tmp_path)
+    stdout = _run_recipe(launcher, UNDER_ACCELERATE, tmp_path)
     assert "on 2 rank(s)" in stdout, stdout
 
 
