@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ParadiffError
+from .fidelity_floor import check_floor
 from .strategies import strategy_class, strategy_names, supported_combinations
 
 #: Options every strategy shares, with their defaults (the fields of :class:`ParallelConfig` but ``options``).
@@ -14,6 +15,7 @@ SHARED_OPTIONS = {
     "timeout_s": 600.0,
     "parallel_vae": True,
     "device_memory": None,
+    "fidelity_floor_db": None,
 }
 
 
@@ -47,6 +49,10 @@ class ParallelConfig:
         device_memory: one rank's device memory, in GiB or as a hardware profile's name (``"l40-pcie"``): a
             call whose setting would need more per rank is refused before its denoiser runs, naming the settings
             that fit. ``None`` (default): a CUDA device's total memory; not checked on CPU ranks.
+        fidelity_floor_db: a PSNR floor in dB against one device (e.g. 30): a displaced strategy refreshes (runs in
+            sync) each step whose stale data moved too far, by a threshold the first call of each shape calibrates
+            on the ranks (``paradiff.fidelity_floor``); ``warmup_steps`` then defaults to 0, the guard deciding
+            every step after the first. Exact strategies hold any floor. ``None`` (default): no guard.
         options: the strategy's own options (an instance of its ``Options`` dataclass).
     """
 
@@ -56,11 +62,15 @@ class ParallelConfig:
     timeout_s: float
     parallel_vae: bool
     device_memory: float | str | None
+    fidelity_floor_db: float | None
     options: object
 
     def __init__(self, strategy: str = "patch", **options):
         cls = strategy_class(strategy)
+        guarded_by_default = options.get("fidelity_floor_db") is not None and "warmup_steps" not in options
         shared = {name: options.pop(name, default) for name, default in SHARED_OPTIONS.items()}
+        if guarded_by_default:
+            shared["warmup_steps"] = 0
         _check_owners(strategy, cls, options)
         if cls.cfg_split_alone:
             shared["cfg_parallel"] = True  # the cfg split alone: redundant to ask for it twice
@@ -111,6 +121,14 @@ def _check_owners(strategy: str, cls: type, options: dict) -> None:
 
 
 def _check_shared(config: ParallelConfig) -> None:
+    check_floor(config.fidelity_floor_db)
+    cls = strategy_class(config.strategy)
+    if config.fidelity_floor_db is not None and cls.uses_warmup and not cls.refreshes:
+        guarded = ", ".join(f"'{name}'" for name in strategy_names() if strategy_class(name).refreshes)
+        raise ParadiffError(
+            f"fidelity_floor_db: strategy='{config.strategy}' cannot refresh a displaced step yet; use one that can "
+            f"({guarded}), or a fixed warmup_steps instead of a floor"
+        )
     warmup = config.warmup_steps
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise ParadiffError(f"warmup_steps must be an integer >= 0, got {warmup!r}")

@@ -21,22 +21,27 @@ VAE decode, which it composes with whichever strategy runs within the batch halv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import numpy as np
 from torch import nn
 
 from .caches.applied import adapt_caches, check_auto, describe_caches
 from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig
 from .errors import ParadiffError, PeerFailure
+from .fidelity_floor import cache_key, cached_threshold, calibrate, remember
 from .layers.decode_broadcast import DecodeOnOneRankHook
+from .layers.refresh import RefreshHook
 from .models import decoder_family_of, family_of, find_denoiser
 from .plan.auto import check_fidelity, choose, untouched_generators
-from .plan.memory_fit import call_refusal, memory_setting_bytes, shape_key, smallest_over_ranks
+from .plan.memory_fit import call_refusal, call_steps, memory_setting_bytes, shape_key, smallest_over_ranks
 from .runtime.agree import agree_on_noise
 from .runtime.comm import CommStats, Communicator
 from .runtime.consensus import agree, describe_call, describe_setup
@@ -45,6 +50,7 @@ from .runtime.failures import meet_every_rank
 from .runtime.liveness import start_heartbeat
 from .runtime.mesh import MeshGroups, build_mesh
 from .runtime.model_watch import Snapshot, changes, snapshot
+from .runtime.staleness import StalenessGuard
 from .runtime.step_state import StepState
 from .runtime.weights import SumCache
 from .stages.load_stage import loaded_stage
@@ -54,6 +60,8 @@ from .strategies.cfg import CfgStrategy
 from .strategies.installation import Installation
 from .strategies.patch import PatchStrategy
 
+#: What a calibration run of the staleness guard leaves out of the caller's arguments: it runs no callbacks.
+CALIBRATION_LEFT_OUT = ("callback_on_step_end", "callback", "callback_steps")
 #: How to make ranks that disagree at ``parallelize`` agree.
 SAME_SETUP = "load the same model and pass the same options to parallelize() on every rank"
 #: How to make ranks that disagree on the model at a call agree.
@@ -104,6 +112,11 @@ class ParallelState:
     memory_bytes: float | None = None
     #: The call shapes (``plan.memory_fit.shape_key``) already found to fit.
     fitting_shapes: set = field(default_factory=set)
+    #: With ``fidelity_floor_db``: the staleness guard and the hook that consults it; None without one.
+    guard: StalenessGuard | None = None
+    guard_hook: Installation | None = None
+    #: The guard's calibrated thresholds, by call shape and steps (``paradiff.fidelity_floor``).
+    thresholds: dict = field(default_factory=dict)
 
     def install(self, pipe) -> None:
         """Install the strategy, the CFG split and the banded decode on the pipeline's model as it is now."""
@@ -115,11 +128,17 @@ class ParallelState:
         self.strategy = self.strategy_part = self.cfg_part = self.decoder_part = None
         if groups.strategy is not None:
             self.strategy = strategy_cls(config.options, groups)
-            comm = Communicator(groups.strategy, StepState(config.warmup_steps))
+            guarded = config.fidelity_floor_db is not None and strategy_cls.uses_warmup
+            comm = Communicator(groups.strategy, StepState(config.warmup_steps, guarded=guarded))
             self.strategy_part = ParallelPart(comm, self.strategy.install(denoiser, family, comm, scale))
         if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
             exact = _exact_communicator(groups.cfg)
             self.cfg_part = ParallelPart(exact, CfgStrategy(groups=groups).install(denoiser, family, exact, scale))
+        if self.strategy_part is not None and self.strategy_part.comm.state.guarded:  # outside the split's hook
+            self.guard = StalenessGuard(self.strategy_part.comm)
+            self.guard_hook = Installation(denoiser, "guard")
+            self.guard_hook.hook(denoiser, RefreshHook(family, self.guard))
+            self.guard_hook.done()
         decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
         if config.parallel_vae and isinstance(decoder, nn.Module):
             self.decoder_part = _parallel_decoder(decoder, _exact_communicator(groups.world), scale)
@@ -133,6 +152,9 @@ class ParallelState:
         if self.caches is not None:
             self.caches.remove()
             self.caches = None
+        if self.guard_hook is not None:
+            self.guard_hook.remove()
+            self.guard = self.guard_hook = None
         for part in reversed(self.parts):
             part.comm.state.begin_run()
             part.installed.remove()
@@ -195,6 +217,12 @@ class ParallelState:
             degree = self.strategy_part.comm.size
             self.strategy.check_height(self.denoiser, degree, kwargs["height"], vae_scale_factor(pipe))
         self.check_memory(pipe, stock_call, args, kwargs)
+        if self.guard is not None:
+            self.guard.threshold_db = self.threshold(pipe, stock_call, args, kwargs)
+        return self._run(pipe, stock_call, args, kwargs)
+
+    def _run(self, pipe, stock_call, args: tuple, kwargs: dict):
+        """One run of the stock call on the ranks, the call's arguments checked and agreed."""
         kwargs = agree_on_noise(kwargs, self.world)
         for part in self.parts:
             part.begin_run()
@@ -222,6 +250,41 @@ class ParallelState:
         if refusal is not None:
             raise ParadiffError(refusal)
         self.fitting_shapes.add(key)
+
+    def threshold(self, pipe, stock_call, args: tuple, kwargs: dict) -> float:
+        """The guard's threshold for this call's shape and steps: known, kept from an earlier process (rank 0's
+        cache, agreed), or calibrated now on the call itself (``paradiff.fidelity_floor``)."""
+        steps = call_steps(stock_call, kwargs)
+        shape = (shape_key(kwargs), steps)
+        if shape in self.thresholds:
+            return self.thresholds[shape]
+        config = self.config
+        key = cache_key(
+            self.model.description, shape, steps, config.as_options(), self.world.size, config.fidelity_floor_db
+        )
+        threshold = self.world.all_gather_object(cached_threshold(key) if self.world.rank == 0 else None)[0]
+        if threshold is None:
+
+            def run(threshold: float | None):
+                return self._calibration_run(pipe, stock_call, args, kwargs, threshold)
+
+            start = time.perf_counter()
+            calibration = calibrate(run, config.fidelity_floor_db)
+            self.guard.calibrated = (calibration.runs, time.perf_counter() - start)
+            if self.world.rank == 0:
+                remember(key, calibration)
+            threshold = self.world.all_gather_object(calibration.threshold_db)[0]  # rank 0's, should PSNRs differ
+        self.thresholds[shape] = threshold
+        return threshold
+
+    def _calibration_run(self, pipe, stock_call, args: tuple, kwargs: dict, threshold: float | None):
+        """The call's images (in [0, 1]) and the guard's counters, the guard at ``threshold``; no callbacks run, and
+        the caller's generators are left as they were."""
+        self.guard.threshold_db = threshold
+        kwargs = {key: value for key, value in kwargs.items() if key not in CALIBRATION_LEFT_OUT}
+        with untouched_generators(pipe, kwargs):
+            output = self._run(pipe, stock_call, args, {**kwargs, "output_type": "np", "return_dict": False})
+        return np.asarray(output[0], dtype=np.float64), dataclasses.asdict(self.guard.counters)
 
     def drain(self) -> None:
         for part in self.parts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -126,6 +127,26 @@ def test_pipefusion_without_the_reference_loads_each_ranks_stage_only(pool2, tmp
     assert code == 0, stderr[-3000:]
     peak = r"peak memory per rank \(MB\): loading \d+ / \d+, generating \d+ / \d+ \(each rank loaded only its stage"
     assert re.match(peak, stdout.splitlines()[-1]), stdout
+
+
+@pytest.mark.timeout(300)
+def test_generate_holds_a_fidelity_floor_and_calibrates_once_per_size(pool2, tmp_path):
+    """`--fidelity-floor 40` under `patch`: the picture is within 40 dB of one device's; the first run says what it
+    refreshed and what calibrating cost (apart from the times), a later run of the size reuses the calibration."""
+    argv = ["--strategy", "patch", "--fidelity-floor", "40", "--steps", "8", "--size", "128", "--json"]
+    env = {"PARADIFF_CACHE_DIR": str(tmp_path / "cache")}
+    reports = []
+    for prompt in ("a large red circle at the top left", "a small blue square at the bottom"):
+        code, stdout, stderr = cli_on_ranks(
+            pool2, "generate", prompt, *argv, "--out", str(tmp_path / f"{len(reports)}.png"), env=env
+        )
+        assert code == 0, stderr[-3000:]
+        reports.append(json.loads(stdout))
+    first, later = reports
+    for report in reports:
+        assert report["psnr_db"] >= 40 and report["fidelity_floor_db"] == 40 and 1 in report["refreshed_steps"]
+    assert first["calibration_seconds"] > 0 and later["calibration_seconds"] == 0
+    assert (tmp_path / "cache" / "fidelity_floor.json").is_file()
 
 
 @pytest.mark.timeout(120)

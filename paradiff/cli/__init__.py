@@ -80,6 +80,7 @@ def generate(args: argparse.Namespace) -> int:
         frames=args.frames,
         seed=args.seed,
         warmup=args.warmup,
+        fidelity_floor=args.fidelity_floor,
         out=args.out,
         baseline=not args.no_baseline,
         threads=threads_per_rank(args.threads, nproc),
@@ -334,9 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--warmup",
         type=int,
-        default=4,
         help="steps after the first that run fully in sync, before the ranks start reusing each other's results "
-        "from the step before (faster, slightly different picture); at least --steps: the exact picture",
+        "from the step before (faster, slightly different picture); at least --steps: the exact picture "
+        "(default 4; 0 with --fidelity-floor)",
+    )
+    gen.add_argument(
+        "--fidelity-floor",
+        type=float,
+        metavar="DB",
+        help="hold the picture within this PSNR of one device's (e.g. 30): a step whose reused results moved too "
+        "far runs in sync; the first run of a size calibrates how far is too far and keeps it for later runs",
     )
     gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
     _add_workload(gen)

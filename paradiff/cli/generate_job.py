@@ -52,7 +52,8 @@ class GenerateJob:
     size: int | None
     frames: int | None
     seed: int
-    warmup: int
+    #: Steps after the first run in sync; None: ``parallelize``'s default (4, or 0 under a fidelity floor).
+    warmup: int | None
     out: str | None
     baseline: bool
     threads: int
@@ -69,6 +70,14 @@ class GenerateJob:
     overwrite: bool = False
     #: The longest a collective waits for another rank (``parallelize``'s ``timeout_s``).
     timeout_s: float = 600.0
+    #: ``parallelize``'s ``fidelity_floor_db``: the PSNR floor the staleness guard holds (None: no guard).
+    fidelity_floor: float | None = None
+
+    @property
+    def staleness_options(self) -> dict:
+        """What ``parallelize`` takes of the warm-up and the fidelity floor (only what was asked)."""
+        options = {} if self.warmup is None else {"warmup_steps": self.warmup}
+        return options if self.fidelity_floor is None else {**options, "fidelity_floor_db": self.fidelity_floor}
 
     @property
     def phase(self) -> str:
@@ -143,7 +152,7 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
         )
     if job.nproc > 1 and job.strategy != "auto":  # one rank runs the pipeline as it is; auto decides at its call
         height = None if _bins_resolution(pipe, inputs) else job.size or default_height(pipe)
-        paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, warmup_steps=job.warmup)
+        paradiff.check_parallelize(pipe, job.strategy, world_size=job.nproc, height=height, **job.staleness_options)
     return GeneratePlan(call_kwargs, paths, video, per_prompt)
 
 
@@ -278,7 +287,11 @@ def generate_on_rank(job: GenerateJob) -> dict:
     if not loads_by_stage(job):
         check_run_length(pipe, job, calls[0], plan, device, dtype)
 
-    def draw(label: str) -> tuple[list[np.ndarray], list[float]]:
+    calibration_s = []
+
+    def draw(label: str, parallel: bool = False) -> tuple[list[np.ndarray], list[float]]:
+        """Each call's pictures and seconds; the seconds a call spent calibrating the staleness guard are kept apart
+        (the first call of a size calibrates it, later ones and later runs reuse it)."""
         outputs, seconds = [], []
         for index, inputs in enumerate(calls):
             shown = label if len(calls) == 1 else f"{label} ({index + 1}/{len(calls)})"
@@ -291,7 +304,9 @@ def generate_on_rank(job: GenerateJob) -> dict:
                 generator=torch.Generator().manual_seed(job.seed + index),
                 output_type="np",
             )
-            seconds.append(time.perf_counter() - start)
+            calibrating = paradiff.comm_stats(pipe).get("guard", {}).get("calibration_s", 0.0) if parallel else 0.0
+            calibration_s.append(calibrating)
+            seconds.append(time.perf_counter() - start - calibrating)
             outputs.append(_output_of(result))
         return outputs, seconds
 
@@ -300,9 +315,9 @@ def generate_on_rank(job: GenerateJob) -> dict:
         if job.baseline and rank == 0:
             baseline, baseline_s = draw("one device")
         dist.barrier()
-        pipe = paradiff.parallelize(pipe, strategy=job.strategy, warmup_steps=job.warmup, timeout_s=job.timeout_s)
+        pipe = paradiff.parallelize(pipe, strategy=job.strategy, timeout_s=job.timeout_s, **job.staleness_options)
     with PeakMemory(device) as generating:
-        outputs, seconds = draw(job.phase)
+        outputs, seconds = draw(job.phase, parallel=job.nproc > 1)
     peaks = [(loading.bytes, generating.bytes)]
     if job.nproc > 1:
         peaks = [None] * dist.get_world_size()
@@ -323,6 +338,7 @@ def generate_on_rank(job: GenerateJob) -> dict:
         report.update(baseline_s=sum(baseline_s), speedup=sum(baseline_s) / sum(seconds), psnr_db=worst)
     if job.nproc > 1:
         report.update(paradiff.comm_stats(pipe))
+        report["calibration_s"] = sum(calibration_s)
         if job.strategy == "auto":
             report["picked"] = paradiff.plan_of(pipe).reason
     return report

@@ -80,6 +80,8 @@ def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
     lines.append(line)
     if "picked" in report:
         lines.append(f"auto picked {report['picked']}")
+    if "guard" in report:
+        lines.append(guard_line(report["guard"], report.get("calibration_s", 0.0)))
     if "bytes_per_step" in report:
         lines.append(
             f"traffic: {format_bytes(report['bytes_per_step'])} per step per rank, "
@@ -94,6 +96,16 @@ def summary_lines(report: dict, phase: str, times: str = "×") -> list[str]:
             f"peak memory per rank (MB): loading {shown['loading']}, generating {shown['generating']} ({where})"
         )
     return lines
+
+
+def guard_line(guard: dict, calibration_s: float) -> str:
+    """What the staleness guard did in the last call, and what calibrating it cost (not in the times above)."""
+    refreshed = guard["refreshed_steps"]
+    steps = ", ".join(map(str, refreshed)) if refreshed else "none"
+    line = f"fidelity floor: {len(refreshed)} of {len(guard['moved_db'])} displaced steps refreshed ({steps})"
+    if calibration_s:
+        line += f"; calibrating it took {format_duration(calibration_s)} (kept for later runs of this size)"
+    return line
 
 
 def json_number(value: float | None) -> float | None:
@@ -126,5 +138,8 @@ def generate_json(report: dict, job) -> dict:
         "peak_memory_mb": report.get("peak_memory_mb"),
         "loaded_by_stage": report.get("loaded_by_stage"),
         "picked": report.get("picked"),
+        "fidelity_floor_db": job.fidelity_floor,
+        "refreshed_steps": report["guard"]["refreshed_steps"] if "guard" in report else None,
+        "calibration_seconds": report.get("calibration_s"),
         "pictures": pictures,
     }

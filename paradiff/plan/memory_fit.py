@@ -68,11 +68,16 @@ def shape_key(kwargs: dict) -> tuple:
     return tuple((name, prompts if name == "prompt" else kwargs.get(name)) for name in SHAPE_ARGUMENTS)
 
 
+def call_steps(stock_call, kwargs: dict) -> int:
+    """The call's inference steps: as passed, or the pipeline's default."""
+    return kwargs.get("num_inference_steps") or inspect.signature(stock_call).parameters["num_inference_steps"].default
+
+
 def call_refusal(pipe, stock_call, args: tuple, kwargs: dict, config, nproc: int, memory_bytes: float) -> str | None:
     """Why ``config`` cannot run the call ``stock_call(pipe, *args, **kwargs)`` on ``nproc`` ranks of
     ``memory_bytes`` each, naming the settings that fit; None when it fits. The call runs as far as its first
     denoiser call (prompt encoding), which is traced on the meta device; its callbacks are left out."""
-    steps = kwargs.get("num_inference_steps") or inspect.signature(stock_call).parameters["num_inference_steps"].default
+    steps = call_steps(stock_call, kwargs)
     traced = {name: value for name, value in kwargs.items() if name not in TRACE_LEFT_OUT}
 
     def check(strategy: str, cfg_parallel: bool, **options) -> None:

@@ -98,6 +98,8 @@ class CommStats:
     per_step: dict[tuple[int, str], StepCounters] = field(default_factory=lambda: defaultdict(StepCounters))
     call_times: dict[int, CallTime] = field(default_factory=lambda: defaultdict(CallTime))
     flow: FlowCounters | None = None
+    #: What the staleness guard decided (``runtime.staleness.GuardCounters``); None without a guard.
+    guard: object | None = None
 
     def flow_record(self) -> FlowCounters:
         """The flow counters of this call (made on first use)."""
@@ -121,7 +123,7 @@ class CommStats:
     def reset(self) -> None:
         self.per_step.clear()
         self.call_times.clear()
-        self.flow = None
+        self.flow = self.guard = None
 
     @classmethod
     def combined(cls, *parts: CommStats) -> CommStats:
@@ -133,6 +135,7 @@ class CommStats:
             for step, times in part.call_times.items():
                 out.record_call(step, times.seconds, times.idle_s)
             out.flow = out.flow or part.flow
+            out.guard = out.guard or part.guard
         return out
 
     def steps(self) -> list[int]:
@@ -186,6 +189,8 @@ class CommStats:
                     row["idle_share"] = times.idle_s / max(times.seconds, 1e-12)
         if self.flow is not None:
             summary["flow"] = dataclasses.asdict(self.flow)
+        if self.guard is not None:
+            summary["guard"] = dataclasses.asdict(self.guard)
         return summary
 
 
@@ -400,14 +405,16 @@ class Communicator:
             dist.all_gather_object(values, value, group=self.ranks.group)
         return values
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over the ranks in place (waited for now)."""
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        """Reduce ``tensor`` over the ranks in place (a sum unless ``op`` says otherwise; waited for now)."""
         group, staging = self.ranks.group, self.staging()
         host = staging.both(tensor)
         self.wait(
             [
                 self._launch(
-                    "the all-reduce", None, lambda: staging.wrap(dist.all_reduce(host, group=group, async_op=True))
+                    "the all-reduce",
+                    None,
+                    lambda: staging.wrap(dist.all_reduce(host, op=op, group=group, async_op=True)),
                 )
             ]
         )
@@ -523,7 +530,8 @@ class DisplacedBucket:
         """Launch this call's transfers (asynchronously) if any layer put displaced data."""
         if self.layout is None and self.recording:
             self._freeze_layout()
-        if not self.in_flight:
+        if not self.in_flight:  # a call in sync (warm-up, or refreshed): the next displaced call reads what it left
+            self.delivered = set()
             return
         self.drain()
         comm, nbytes = self.comm, 0

@@ -59,6 +59,9 @@ class StepState:
     """Step counting per call context, warm-up decisions, and the per-run exchange buffers."""
 
     warmup_steps: int
+    #: Whether a staleness guard may refresh displaced steps (``fidelity_floor_db``): then no call may start before
+    #: the one before it ended (``pipefusion`` drains).
+    guarded: bool = False
     run: int = 0
     context: str = "default"
     step: int = -1
@@ -69,6 +72,8 @@ class StepState:
     #: step's two calls of two-call guidance, which the groups run one each).
     cfg_call: str | None = None
     buffers: dict = field(default_factory=dict)
+    #: Displaced steps the staleness guard refreshes (``runtime.staleness``): they run in sync, like warm-up.
+    refreshed: set[int] = field(default_factory=set)
     _cursors: dict[str, _ContextCursor] = field(default_factory=dict)
 
     def begin_run(self) -> None:
@@ -76,6 +81,7 @@ class StepState:
         self.drain()
         self.run += 1
         self.buffers.clear()
+        self.refreshed.clear()
         self._cursors.clear()
         self.step, self.call_in_step, self.context, self.cfg_call = -1, 0, "default", None
 
@@ -111,8 +117,9 @@ class StepState:
 
     @property
     def synchronous(self) -> bool:
-        """The first step and ``warmup_steps`` more exchange fresh data (exact); later steps are displaced."""
-        return self.step <= self.warmup_steps
+        """The first step and ``warmup_steps`` more exchange fresh data (exact), and so do the steps the staleness
+        guard refreshes; the other steps are displaced."""
+        return self.step <= self.warmup_steps or self.step in self.refreshed
 
     def exchange(self, name: str, factory):
         """The exchange buffers of layer ``name`` for the current call context and call slot."""

@@ -104,6 +104,7 @@ class PipeFusionOptions(StrategyOptions):
 
 class PipeFusionStrategy(Strategy):
     name = "pipefusion"
+    refreshes = True
     call_split = "pieces"
     Options = PipeFusionOptions
     needs = (Capability.BLOCK_CHAIN,)
@@ -194,7 +195,7 @@ class PipeFusionStrategy(Strategy):
         def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
             return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
 
-        flows, why = self.flows()
+        flows, why = self.flows(comm)
         call = installed.call = PipelineCall(comm, stack, Stage(stack, comm, stage_forwards), flows, why)
 
         def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:
@@ -222,10 +223,12 @@ class PipeFusionStrategy(Strategy):
         installed.on_remove(installed.restore)
         return installed.done()
 
-    def flows(self) -> tuple[bool, str]:
+    def flows(self, comm: Communicator) -> tuple[bool, str]:
         """Whether denoiser calls may flow into the next one, and why not."""
         if not self.options.pipefusion_flow:
             return False, "pipefusion_flow=False: each call drains"
+        if comm.state.guarded:
+            return False, "fidelity_floor_db: each call drains, since whether a call refreshes is decided as it starts"
         if self.groups is not None and self.groups.cfg is not None:
             return False, CFG_HALVES_DRAIN
         return True, ""

@@ -1,0 +1,70 @@
+"""Multi-rank task functions for the staleness guard's tests (``fidelity_floor_db``), run on every rank of a pool."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from patch_cases import against_one_device
+
+from paradiff.builtin import call_kwargs
+from paradiff.loading import load_pipeline
+from paradiff.runtime.comm import Communicator
+from paradiff.runtime.distributed import RankGroup
+from paradiff.runtime.staleness import StalenessGuard
+from paradiff.runtime.step_state import StepState
+from paradiff.tiny import build_pipeline, prompt_inputs
+
+#: The built-in DiT: trained, so its pictures show what stale activations cost (a random model's barely do).
+BUILTIN_DIT = "paradiff-tiny-dit"
+PROMPT = "a large red circle at the top left"
+
+
+def guarded_vs_one_device(
+    family: str,
+    size: int,
+    steps: int,
+    floor: float,
+    cache: str,
+    output_type: str = "np",
+    kept_threshold: float | None = None,
+    **options,
+) -> dict:
+    """One device, then ``parallelize(pipe, fidelity_floor_db=floor, **options)`` with its calibration kept in
+    ``cache`` (or, with ``kept_threshold``, found there as that threshold); ``denoiser_calls`` counts the parallel
+    pipeline's denoiser calls (calibration runs included)."""
+    import os
+
+    os.environ["PARADIFF_CACHE_DIR"] = cache
+    if family == BUILTIN_DIT:
+        pipe = load_pipeline(BUILTIN_DIT)
+        inputs = call_kwargs("pixart", PROMPT, warn=False)
+    else:
+        pipe = build_pipeline(family)
+        inputs = prompt_inputs(pipe, family)
+    calls = []
+    pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))
+    reference_calls = steps  # one call per step on one device (batched CFG)
+    kept = mock.patch("paradiff.pipeline.cached_threshold", return_value=kept_threshold) if kept_threshold else None
+    with kept or contextlib.nullcontext():
+        result = against_one_device(
+            pipe, inputs, size, steps, fidelity_floor_db=floor, output_type=output_type, **options
+        )
+    result["denoiser_calls"] = len(calls) - 2 * reference_calls  # less the one-device and the restored runs
+    return result
+
+
+def agreed_decisions(moved_by_rank: list[float], threshold_db: float) -> dict:
+    """Each rank's guard sees predictions that moved by its own share; what each decides for the next step."""
+    comm = Communicator(RankGroup.world(timedelta(seconds=60)), StepState(0, guarded=True))
+    guard = StalenessGuard(comm, threshold_db)
+    guard.begin()
+    base = torch.ones(64)
+    share = 10 ** (-moved_by_rank[dist.get_rank()] / 20)  # |Δ| / |p| for that many dB
+    guard.observe(0, base * (1 + share))
+    guard.observe(1, base)
+    refresh = guard.decide(2)
+    return {"refresh": refresh, "agreed_db": guard.counters.moved_db[2]}
