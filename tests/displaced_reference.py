@@ -8,8 +8,8 @@ is used (only ``paradiff.models.family_of`` to list the self-attention layers), 
 staleness makes the multi-rank result differ from these.
 
 Steps are counted from 0, one denoiser call per step (true for the CFG-batched pipelines the tests use).
-Steps ``0..warmup_steps`` are exact everywhere; "step t−1" below is the previous denoiser call, whether
-it was a warm-up step or a displaced one.
+Steps ``0..warmup_steps`` are exact everywhere, and so are the steps in ``refreshed`` (those a staleness guard
+refreshes); "step t−1" below is the previous denoiser call, whether it was exact or displaced.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _self_attention_kv(model: nn.Module) -> list[nn.Module]:
     return [proj for _, attn in family_of(model).self_attention(model) for proj in (attn.to_k, attn.to_v)]
 
 
-def patch_reference(pipe, call: dict, ranks: int, warmup_steps: int):
+def patch_reference(pipe, call: dict, ranks: int, warmup_steps: int, refreshed: frozenset[int] = frozenset()):
     """DistriFusion (``patch``) on ``ranks`` row bands, one band at a time.
 
     A displaced step t runs the whole model once per band i. Every layer that mixes rows sees band i's
@@ -133,7 +133,7 @@ def patch_reference(pipe, call: dict, ranks: int, warmup_steps: int):
     def forward(stock, *args, **kwargs):
         nonlocal step, band, previous, current
         current = {}
-        if step <= warmup_steps:
+        if step <= warmup_steps or step in refreshed:
             band = None
             output = stock(*args, **kwargs)
         else:
@@ -152,7 +152,15 @@ def patch_reference(pipe, call: dict, ranks: int, warmup_steps: int):
         return pipe(**call)
 
 
-def pipefusion_reference(pipe, call: dict, patches: int, warmup_steps: int, calls: int = 1, ahead=None):
+def pipefusion_reference(
+    pipe,
+    call: dict,
+    patches: int,
+    warmup_steps: int,
+    calls: int = 1,
+    ahead=None,
+    refreshed: frozenset[int] = frozenset(),
+):
     """PipeFusion (``pipefusion``) with ``patches`` patches of whole token rows, one patch at a time.
 
     A displaced step t runs the whole model once per patch m = 0..M−1, in order. Each self-attention
@@ -181,7 +189,7 @@ def pipefusion_reference(pipe, call: dict, patches: int, warmup_steps: int, call
         nonlocal calls_done, patch, slot
         index, calls_done = calls_done, calls_done + 1
         slot = index % calls
-        if index // calls <= warmup_steps:
+        if index // calls <= warmup_steps or index // calls in refreshed:
             patch = None
             output = stock(*args, **kwargs)
             if ahead is not None:
@@ -353,7 +361,9 @@ def model_units(model: nn.Module) -> list[nn.Module]:
     return list(model.transformer_blocks)
 
 
-def asyncdiff_reference(pipe, call: dict, cut: tuple[int, ...], warmup_steps: int, stride: int = 1):
+def asyncdiff_reference(
+    pipe, call: dict, cut: tuple[int, ...], warmup_steps: int, stride: int = 1, refreshed: frozenset[int] = frozenset()
+):
     """AsyncDiff (``asyncdiff``) with components of ``cut`` units, one model pass per (virtual) rank.
 
     Stride 1: at a displaced step t, component n runs its own units fresh on step t's inputs, while
@@ -403,7 +413,9 @@ def asyncdiff_reference(pipe, call: dict, cut: tuple[int, ...], warmup_steps: in
 
     def forward(stock, *args, **kwargs):
         nonlocal steps_done, previous, current, ahead, last_timestep
-        displaced, steps_done = steps_done - warmup_steps - 1, steps_done + 1
+        step, steps_done = steps_done, steps_done + 1
+        last_exact = max([warmup_steps, *(done for done in refreshed if done < step)])
+        displaced = -1 if step in refreshed else step - last_exact - 1  # displaced steps since the last exact one
         timestep = signature.bind(model, *args, **kwargs).arguments["timestep"]
         before, last_timestep = last_timestep, timestep
         if displaced >= 0 and displaced % stride:  # stride 2, a pair's second step: computes nothing

@@ -7,6 +7,7 @@ or this step's): these tests pin the displaced semantics of each strategy, on th
 from __future__ import annotations
 
 from functools import partial
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from displaced_reference import (
 from patch_cases import flux_true_cfg_inputs
 
 import paradiff
+from paradiff.runtime.staleness import StalenessGuard
 from paradiff.tiny import build_pipeline, prompt_inputs
 
 STEPS = 5
@@ -222,3 +224,33 @@ def test_asyncdiff(rank_pool, family, ranks, warmup, cut, stride):
     )
     reference = partial(asyncdiff_reference, cut=cut, warmup_steps=warmup, stride=stride)
     _check(results, family, 64, STEPS, reference)
+
+
+#: The steps the staleness guard refreshes in :func:`test_refreshed_steps`: a displaced step on either side of one.
+REFRESHED = frozenset({1, 3})
+
+
+def refreshed_latents(family: str, size: int, steps: int, refreshed: frozenset[int], **options) -> np.ndarray:
+    """This rank's final latents under ``fidelity_floor_db`` with the guard refreshing ``refreshed`` (its decision is
+    fixed: what is tested is how each strategy runs a refreshed step, not which steps the guard picks)."""
+    threshold = mock.patch("paradiff.pipeline.cached_threshold", return_value=0.0)  # as if calibrated before
+    decide = mock.patch.object(StalenessGuard, "decide", lambda guard, step: step in refreshed)
+    with threshold, decide:
+        return displaced_latents(family, size, steps, fidelity_floor_db=30.0, **options)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options", "reference"),
+    [
+        ("patch", {"bucket_limit_bytes": BUCKET_LIMITS["bucketed"]}, partial(patch_reference, ranks=2)),
+        ("patch", {"bucket_limit_bytes": BUCKET_LIMITS["direct"]}, partial(patch_reference, ranks=2)),
+        ("pipefusion", {"pipefusion_patches": 2}, partial(pipefusion_reference, patches=2)),
+        ("asyncdiff", {}, partial(asyncdiff_reference, cut=(1, 1))),
+    ],
+    ids=["patch-bucketed", "patch-direct", "pipefusion", "asyncdiff"],
+)
+def test_refreshed_steps(pool2, strategy, options, reference):
+    """A step the staleness guard refreshes runs exact and is what the next displaced step reads: steps 0, 1 and 3
+    exact, 2 and 4 displaced (warm-up 0), equal to the reference with those steps exact."""
+    results = pool2.run(refreshed_latents, "pixart", 64, STEPS, REFRESHED, strategy=strategy, warmup_steps=0, **options)
+    _check(results, "pixart", 64, STEPS, partial(reference, warmup_steps=0, refreshed=REFRESHED))

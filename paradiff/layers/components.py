@@ -132,7 +132,7 @@ class ComponentCall:
         state.enter_call(context, timestep)
         units = len(self.units.units)
         record = state.exchange("paradiff.asyncdiff.call", lambda: CallRecord(ComponentLink(self.comm, units)))
-        displaced = state.step - state.warmup_steps - 1
+        displaced = state.displaced_index()
         if self.plan is None or displaced < 0:
             record.mode = Mode.WHOLE
         else:
@@ -162,6 +162,7 @@ class ComponentCallHook(CallContextHook):
         record = call.open(self.context.name, timestep)
         previous, record.previous_timestep = record.previous_timestep, timestep
         if record.mode is Mode.WHOLE:
+            record.link.drain()  # after displaced calls (a refresh): what they sent is older than what runs now
             call.costs = [0.0] * len(call.units.units) if call.plan is None else None
             return args, kwargs
         if record.mode is Mode.COMPONENT:

@@ -121,6 +121,12 @@ class StepState:
         guard refreshes; the other steps are displaced."""
         return self.step <= self.warmup_steps or self.step in self.refreshed
 
+    def displaced_index(self) -> int:
+        """How many displaced steps came between the last step in sync and this one (−1: this one is in sync)."""
+        if self.synchronous:
+            return -1
+        return self.step - max([self.warmup_steps, *(step for step in self.refreshed if step < self.step)]) - 1
+
     def exchange(self, name: str, factory):
         """The exchange buffers of layer ``name`` for the current call context and call slot."""
         return self.per_run((name, self.context, self.call_in_step), factory)
