@@ -128,14 +128,14 @@ class ParallelState:
         self.strategy = self.strategy_part = self.cfg_part = self.decoder_part = None
         if groups.strategy is not None:
             self.strategy = strategy_cls(config.options, groups)
-            guarded = config.fidelity_floor_db is not None and strategy_cls.uses_warmup
-            comm = Communicator(groups.strategy, StepState(config.warmup_steps, guarded=guarded))
+            comm = Communicator(groups.strategy, StepState(config.warmup_steps))
+            if config.fidelity_floor_db is not None and strategy_cls.uses_warmup:
+                self.guard = comm.state.guard = StalenessGuard(comm)
             self.strategy_part = ParallelPart(comm, self.strategy.install(denoiser, family, comm, scale))
         if groups.cfg is not None:  # installed last, so its hook wraps the strategy's
             exact = _exact_communicator(groups.cfg)
             self.cfg_part = ParallelPart(exact, CfgStrategy(groups=groups).install(denoiser, family, exact, scale))
-        if self.strategy_part is not None and self.strategy_part.comm.state.guarded:  # outside the split's hook
-            self.guard = StalenessGuard(self.strategy_part.comm)
+        if self.guard is not None and strategy_cls.refreshes == "per call":  # outside the split's hook
             self.guard_hook = Installation(denoiser, "guard")
             self.guard_hook.hook(denoiser, RefreshHook(family, self.guard))
             self.guard_hook.done()
@@ -154,7 +154,7 @@ class ParallelState:
             self.caches = None
         if self.guard_hook is not None:
             self.guard_hook.remove()
-            self.guard = self.guard_hook = None
+        self.guard = self.guard_hook = None
         for part in reversed(self.parts):
             part.comm.state.begin_run()
             part.installed.remove()

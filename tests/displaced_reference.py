@@ -300,7 +300,7 @@ def _scheduler_copy(scheduler):
     return clone
 
 
-def parastep_reference(pipe, call: dict, ranks: int, warmup_steps: int):
+def parastep_reference(pipe, call: dict, ranks: int, warmup_steps: int, refreshed: frozenset[int] = frozenset()):
     """ParaStep (``parastep``) on ``ranks`` virtual ranks, simulated one after the other.
 
     Every virtual rank caches the (CFG-combined) prediction of its last model run; warm-up steps run
@@ -326,10 +326,11 @@ def parastep_reference(pipe, call: dict, ranks: int, warmup_steps: int):
     def step(model_output, timestep, sample, *args, **kwargs):
         nonlocal steps_done
         index, steps_done = steps_done, steps_done + 1
-        if index <= warmup_steps:
+        if index <= warmup_steps or index in refreshed:
             cache[:] = [model_output] * ranks
             return stock(scheduler, model_output, timestep, sample, *args, **kwargs)
-        position = (index - warmup_steps - 1) % ranks
+        last_exact = max([warmup_steps, *(done for done in refreshed if done < index)])
+        position = (index - last_exact - 1) % ranks
         if position == 0:
             round_state.update(
                 start=sample, scheduler=_scheduler_copy(scheduler), length=min(ranks, total - index), timesteps=[]

@@ -59,7 +59,7 @@ def guarded_vs_one_device(
 
 def agreed_decisions(moved_by_rank: list[float], threshold_db: float) -> dict:
     """Each rank's guard sees predictions that moved by its own share; what each decides for the next step."""
-    comm = Communicator(RankGroup.world(timedelta(seconds=60)), StepState(0, guarded=True))
+    comm = Communicator(RankGroup.world(timedelta(seconds=60)), StepState(0))
     guard = StalenessGuard(comm, threshold_db)
     guard.begin()
     base = torch.ones(64)

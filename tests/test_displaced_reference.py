@@ -228,6 +228,8 @@ def test_asyncdiff(rank_pool, family, ranks, warmup, cut, stride):
 
 #: The steps the staleness guard refreshes in :func:`test_refreshed_steps`: a displaced step on either side of one.
 REFRESHED = frozenset({1, 3})
+#: ``parastep``'s guard decides only where a round would start: on 2 ranks after step 1, steps 2 and 4.
+REFRESHED_ROUNDS = frozenset({1, 4})
 
 
 def refreshed_latents(family: str, size: int, steps: int, refreshed: frozenset[int], **options) -> np.ndarray:
@@ -240,17 +242,18 @@ def refreshed_latents(family: str, size: int, steps: int, refreshed: frozenset[i
 
 
 @pytest.mark.parametrize(
-    ("strategy", "options", "reference"),
+    ("strategy", "options", "refreshed", "reference"),
     [
-        ("patch", {"bucket_limit_bytes": BUCKET_LIMITS["bucketed"]}, partial(patch_reference, ranks=2)),
-        ("patch", {"bucket_limit_bytes": BUCKET_LIMITS["direct"]}, partial(patch_reference, ranks=2)),
-        ("pipefusion", {"pipefusion_patches": 2}, partial(pipefusion_reference, patches=2)),
-        ("asyncdiff", {}, partial(asyncdiff_reference, cut=(1, 1))),
+        ("patch", {"bucket_limit_bytes": BUCKET_LIMITS["bucketed"]}, REFRESHED, partial(patch_reference, ranks=2)),
+        ("patch", {"bucket_limit_bytes": BUCKET_LIMITS["direct"]}, REFRESHED, partial(patch_reference, ranks=2)),
+        ("pipefusion", {"pipefusion_patches": 2}, REFRESHED, partial(pipefusion_reference, patches=2)),
+        ("asyncdiff", {}, REFRESHED, partial(asyncdiff_reference, cut=(1, 1))),
+        ("parastep", {}, REFRESHED_ROUNDS, partial(parastep_reference, ranks=2)),
     ],
-    ids=["patch-bucketed", "patch-direct", "pipefusion", "asyncdiff"],
+    ids=["patch-bucketed", "patch-direct", "pipefusion", "asyncdiff", "parastep"],
 )
-def test_refreshed_steps(pool2, strategy, options, reference):
-    """A step the staleness guard refreshes runs exact and is what the next displaced step reads: steps 0, 1 and 3
-    exact, 2 and 4 displaced (warm-up 0), equal to the reference with those steps exact."""
-    results = pool2.run(refreshed_latents, "pixart", 64, STEPS, REFRESHED, strategy=strategy, warmup_steps=0, **options)
-    _check(results, "pixart", 64, STEPS, partial(reference, warmup_steps=0, refreshed=REFRESHED))
+def test_refreshed_steps(pool2, strategy, options, refreshed, reference):
+    """A step the staleness guard refreshes runs exact and is what the next displaced step reads (warm-up 0): equal
+    to the reference with those steps exact."""
+    results = pool2.run(refreshed_latents, "pixart", 64, STEPS, refreshed, strategy=strategy, warmup_steps=0, **options)
+    _check(results, "pixart", 64, STEPS, partial(reference, warmup_steps=0, refreshed=refreshed))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from paradiff import ParadiffError
 from paradiff.config import ParallelConfig
 from paradiff.metrics import psnr
 from paradiff.models import family_of
+from paradiff.runtime.staleness import StalenessGuard
 from paradiff.strategies.dualparal import one_device_schedule
 from paradiff.tiny import build, pipeline
 from paradiff.tiny.forcing import BLOCK, df_call, latent_frames_to_frames
@@ -157,6 +160,27 @@ def test_displaced_reads_last_steps_keys_after_warm_up(pool2):
     assert all(np.array_equal(r["first"], first) and np.array_equal(r["second"], first) for r in displaced)
     # a warm-up as long as the loop (4 blocks of 3 steps, one level apart: 6 iterations) is exact
     _check_exact(pool2.run(dualparal_vs_one_device, warmup_steps=6))
+
+
+def refreshed_vs_one_device(refreshed: frozenset[int], **options) -> dict:
+    """:func:`dualparal_vs_one_device` under ``fidelity_floor_db`` with the staleness guard refreshing ``refreshed``
+    (its decision fixed: what is tested is how a refreshed call runs)."""
+    threshold = mock.patch("paradiff.pipeline.cached_threshold", return_value=0.0)  # as if calibrated before
+    decide = mock.patch.object(StalenessGuard, "decide", lambda guard, step: step in refreshed)
+    with threshold, decide:
+        return dualparal_vs_one_device(fidelity_floor_db=30.0, warmup_steps=0, **options)
+
+
+@pytest.mark.timeout(120)
+def test_refreshed_calls_read_this_steps_keys(pool2):
+    """Every call refreshed (warm-up 0): exact, as a warm-up over the whole loop; some refreshed: between the two."""
+    _check_exact(pool2.run(refreshed_vs_one_device, frozenset(range(1, 6))))
+    some = pool2.run(refreshed_vs_one_device, frozenset({1, 3}))
+    none = pool2.run(refreshed_vs_one_device, frozenset({1}))
+    reference = some[0]["reference"]
+    error = {name: float(np.abs(r[0]["first"] - reference).max()) for name, r in (("some", some), ("none", none))}
+    assert TOLERANCE * float(np.abs(reference).max()) < error["some"] < error["none"], error
+    assert all(np.array_equal(r["first"], some[0]["first"]) for r in some)
 
 
 def cfg_alone_vs_stock() -> dict:

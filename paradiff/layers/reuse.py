@@ -33,4 +33,8 @@ class StepReuseHook(CallContextHook):
             return replace_output_sample(output, sample.clone())  # a copy: the pipeline may change it in place
         output = forward(*args, **kwargs)
         rounds.cache[slot] = (output, output_sample(output).detach().clone())
+        guard = rounds.comm.state.guard
+        if guard is not None:
+            guard.begin()
+            guard.observe(rounds.step, rounds.cache[slot][1])
         return output

@@ -4,14 +4,16 @@ Steps are counted by the pipeline's own calls to its scheduler's ``step`` (one p
 whatever the number of denoiser calls in it), from 0 at each ``pipe(...)`` call. Every rank makes the
 same calls in the same order, so every rank counts the same steps and takes the same decisions.
 
-* Steps 0..W (the first step and W warm-up steps) run on every rank alike: exact.
-* Later steps go in rounds of N (the group's size); all ranks start a round with the same latent and
-  scheduler state. Rank k runs the denoiser at position k of the round only, on its own copy of the
-  latent, which it advanced through positions 0..k-1 with its last noise prediction (scheduler steps
-  alone); it reuses that prediction at every other position. Rank k ≥ 1 sends its fresh prediction
-  (what the pipeline hands to ``scheduler.step``, after the CFG combine) to rank 0, which applies it at
-  position k instead of its own reused one. At the round's last step rank 0 broadcasts its latent,
-  and every rank continues from it.
+* Steps 0..W (the first step and W warm-up steps) run on every rank alike: exact. So does a step the
+  staleness guard refreshes (``fidelity_floor_db``); it decides only where a round would start, when every
+  rank holds the same latent, from how far each rank's last two predictions moved.
+* Later steps go in rounds of N (the group's size), counted from the last exact step; all ranks start a
+  round with the same latent and scheduler state. Rank k runs the denoiser at position k of the round
+  only, on its own copy of the latent, which it advanced through positions 0..k-1 with its last noise
+  prediction (scheduler steps alone); it reuses that prediction at every other position. Rank k ≥ 1 sends
+  its fresh prediction (what the pipeline hands to ``scheduler.step``, after the CFG combine) to rank 0,
+  which applies it at position k instead of its own reused one. At the round's last step rank 0 broadcasts
+  its latent, and every rank continues from it.
 
 Multistep schedulers (DPM-Solver, UniPC, PNDM) keep a history of predictions in the scheduler
 instance. Within a round the other ranks' histories hold their speculative steps, so the broadcast
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,16 +45,19 @@ SCHEDULER_STATE = "scheduler_state"
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """Steps 0..``warmup_steps`` on every rank, then rounds of ``ranks`` steps, position k computed by rank k."""
+    """Steps 0..``warmup_steps`` and the ``refreshed`` ones on every rank, the others in rounds of ``ranks`` steps
+    from the last of those, position k computed by rank k."""
 
     warmup_steps: int
     ranks: int
+    refreshed: set[int] = field(default_factory=set)
 
     def position(self, step: int) -> int | None:
-        """The step's position in its round (the rank that runs the denoiser for it); None for a warm-up step."""
-        if step <= self.warmup_steps:
+        """The step's position in its round (the rank that runs the denoiser for it); None for an exact step."""
+        if step <= self.warmup_steps or step in self.refreshed:
             return None
-        return (step - self.warmup_steps - 1) % self.ranks
+        last_exact = max([self.warmup_steps, *(done for done in self.refreshed if done < step)])
+        return (step - last_exact - 1) % self.ranks
 
 
 class StepRounds:
@@ -99,7 +104,18 @@ class StepRounds:
                 self._round = None
         self.step += 1
         self._calls.clear()
+        self._maybe_refresh()
         return output
+
+    def _maybe_refresh(self) -> None:
+        """Where the next step would start a round, ask the staleness guard whether it runs on every rank instead
+        (every rank holds the same latent here)."""
+        guard, step = self.comm.state.guard, self.step
+        total = self.total or self.loop_length()
+        if guard is None or step <= self.plan.warmup_steps or (total is not None and step >= total):
+            return
+        if self.plan.position(step) == 0 and guard.decide(step):
+            self.plan.refreshed.add(step)
 
     def finish(self) -> None:
         """End of the call: every round must have closed, or the ranks would hold different latents."""

@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .staleness import StalenessGuard
 
 
 @dataclass
@@ -59,9 +63,9 @@ class StepState:
     """Step counting per call context, warm-up decisions, and the per-run exchange buffers."""
 
     warmup_steps: int
-    #: Whether a staleness guard may refresh displaced steps (``fidelity_floor_db``): then no call may start before
-    #: the one before it ended (``pipefusion`` drains).
-    guarded: bool = False
+    #: The staleness guard that may refresh displaced steps (``fidelity_floor_db``, ``runtime.staleness``); None
+    #: without one. With one no call may start before the one before it ended (``pipefusion`` drains).
+    guard: StalenessGuard | None = None
     run: int = 0
     context: str = "default"
     step: int = -1

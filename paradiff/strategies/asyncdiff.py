@@ -75,7 +75,7 @@ def components_for(degree: int, stride: int) -> int:
 
 class AsyncDiffStrategy(Strategy):
     name = "asyncdiff"
-    refreshes = True
+    refreshes = "per call"
     call_split = "blocks"
     Options = AsyncDiffOptions
     needs = (Capability.COMPONENTS,)

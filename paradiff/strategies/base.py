@@ -68,9 +68,11 @@ class Strategy:
     Options: ClassVar[type[StrategyOptions]] = StrategyOptions
     #: Displaced after warm-up, so ``warmup_steps`` trades speed for fidelity; False: exact at every step.
     uses_warmup: ClassVar[bool] = True
-    #: Whether the staleness guard (``fidelity_floor_db``) can make a displaced step run in sync: the strategy reads
-    #: its step state's ``synchronous`` at every step, not only ``warmup_steps``.
-    refreshes: ClassVar[bool] = False
+    #: How the staleness guard (``fidelity_floor_db``) makes a displaced step run in sync: ``"per call"``, a hook
+    #: asks it before each denoiser call and the strategy reads its step state's ``synchronous``; ``"itself"``, the
+    #: strategy asks its step state's ``guard`` where it can (``parastep``: when a round would start); None: it
+    #: cannot, and a floor is refused.
+    refreshes: ClassVar[str | None] = None
     #: Needs no knowledge of the denoiser's layers, so it runs any denoiser (the CFG split needs none either).
     model_agnostic: ClassVar[bool] = False
     #: The family capabilities (:class:`~paradiff.models.Capability`) it can work with, any one of them; empty:

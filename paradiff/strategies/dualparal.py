@@ -23,11 +23,11 @@ denoiser call as a pipeline of stages over frame blocks (``paradiff.stages.frame
   pipeline's own latents of the whole video, a few channels per pixel, stay on every rank).
 
 Displaced or fresh. Block ``m−1`` runs before block ``m`` on every stage, so its keys and values of this
-step are at hand (fresh). With ``dualparal_displaced=True`` (default), after ``warmup_steps`` a block
-reads those block ``m−1`` kept at the previous step, as DualParal's feature cache does: then the oldest
-block in flight reads what its finished predecessor kept on its last step in flight, and no call runs a
-finished block (fresh, each finished block runs once more, on the call after it finished, to keep its
-final keys and values).
+step are at hand (fresh). With ``dualparal_displaced=True`` (default), after ``warmup_steps`` (but on the
+steps the staleness guard refreshes, ``fidelity_floor_db``) a block reads those block ``m−1`` kept at the
+previous step, as DualParal's feature cache does: then the oldest block in flight reads what its finished
+predecessor kept on its last step in flight, and no call runs a finished block (fresh, each finished block
+runs once more, on the call after it finished, to keep its final keys and values).
 
 The one-device schedule it equals. Fresh (``dualparal_displaced=False``, or ``warmup_steps`` at least the
 pipeline's loop length ``pipe.num_timesteps``), the output equals, within float round-off, the stock
@@ -111,6 +111,7 @@ class DualParalOptions(StrategyOptions):
 
 class DualParalStrategy(Strategy):
     name = "dualparal"
+    refreshes = "per call"
     call_split = "pieces"
     Options = DualParalOptions
     needs = (Capability.FRAME_BLOCKS,)
@@ -335,7 +336,7 @@ class FrameSchedule:
         latent, timestep = inputs[family.latent_arg], inputs[family.timestep_arg]
         self.comm.state.enter_call(context, timestep)
         levels, updated = self.levels[run.iteration], self.updated[run.iteration]
-        displaced = self.options.dualparal_displaced and run.iteration > self.comm.state.warmup_steps
+        displaced = self.options.dualparal_displaced and not self.comm.state.synchronous  # warm-up, or refreshed
         run.iteration += 1
         frames = latent.shape[2]
         if levels.numel() != frames:

@@ -89,6 +89,7 @@ class ParaStepInstallation(Installation):
 
 class ParaStepStrategy(Strategy):
     name = "parastep"
+    refreshes = "itself"
     call_split = "whole"
     model_agnostic = True
 

@@ -68,7 +68,7 @@ class PatchOptions(StrategyOptions):
 
 class PatchStrategy(Strategy):
     name = "patch"
-    refreshes = True
+    refreshes = "per call"
     call_split = "tokens"
     Options = PatchOptions
     needs = (Capability.TOKEN_PLAN, Capability.ROW_BANDS)

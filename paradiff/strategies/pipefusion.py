@@ -104,7 +104,7 @@ class PipeFusionOptions(StrategyOptions):
 
 class PipeFusionStrategy(Strategy):
     name = "pipefusion"
-    refreshes = True
+    refreshes = "per call"
     call_split = "pieces"
     Options = PipeFusionOptions
     needs = (Capability.BLOCK_CHAIN,)
@@ -227,7 +227,7 @@ class PipeFusionStrategy(Strategy):
         """Whether denoiser calls may flow into the next one, and why not."""
         if not self.options.pipefusion_flow:
             return False, "pipefusion_flow=False: each call drains"
-        if comm.state.guarded:
+        if comm.state.guard is not None:
             return False, "fidelity_floor_db: each call drains, since whether a call refreshes is decided as it starts"
         if self.groups is not None and self.groups.cfg is not None:
             return False, CFG_HALVES_DRAIN
