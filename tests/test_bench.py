@@ -28,16 +28,17 @@ MODEL = "paradiff-tiny"
 #: The built-in U-Net's own size, which bench uses without --size: on 2 ranks, bands of 8 of its 16 latent rows.
 SIZE = 128
 BENCH = ["bench", "--model", MODEL, "--steps", "3", "--prompts", "2", "--warmup", "1,3"]
-RUNS = ["one device", "patch warmup=1", "patch warmup=3", "cfg"]
+RUNS = ["one device", "patch warmup=1", "patch warmup=3", "patch floor=30 dB", "cfg"]
 
 
 @pytest.mark.timeout(240)
 def test_bench_on_two_ranks_writes_every_report_file(pool2, tmp_path):
     """On the shared pool, as under torchrun (the next test starts its own workers)."""
     out = tmp_path / "report"
-    code, stdout, stderr = cli_on_ranks(pool2, *BENCH, "--strategies", "patch,cfg", "--out", str(out))
+    argv = [*BENCH, "--strategies", "patch,cfg", "--fidelity-floor", "30", "--out", str(out)]
+    code, stdout, stderr = cli_on_ranks(pool2, *argv, env={"PARADIFF_CACHE_DIR": str(tmp_path / "cache")})
     assert code == 0, stderr[-3000:]
-    assert "[bench] 3/4 patch warmup=3: prompt 2/2 ..." in stdout
+    assert "[bench] 3/5 patch warmup=3: prompt 2/2 ..." in stdout
 
     results = json.loads((out / "results.json").read_text())
     rows = {row["run"]: row for row in results["rows"]}
@@ -51,6 +52,9 @@ def test_bench_on_two_ranks_writes_every_report_file(pool2, tmp_path):
     displaced = rows["patch warmup=1"]
     assert displaced["bytes_per_step"] > 0 and 20 < displaced["psnr_db"] < 200
     assert rows["cfg"]["psnr_db"] is None or rows["cfg"]["psnr_db"] > 80, "the cfg split is exact"
+    guarded = rows["patch floor=30 dB"]
+    assert guarded["fidelity_floor_db"] == 30 and guarded["warmup"] is None and guarded["psnr_db"] >= 30
+    assert "--fidelity-floor 30" in results["config"]["command"]
     assert results["config"]["nproc"] == 2 and results["config"]["size"] == SIZE
     if results["lpips"] != "ok":
         assert results["lpips"].startswith("skipped: ") and "LPIPS skipped: " in stdout
@@ -91,6 +95,8 @@ def no_workers(monkeypatch):
         (["--warmup", "1,,4"], "--warmup takes a comma-separated list without empty items"),
         (["--warmup", "1,two"], "--warmup takes integers >= 0 (synchronous steps after the first), got 'two'"),
         (["--warmup", "-1"], "--warmup takes integers >= 0"),
+        (["--fidelity-floor", "30,0"], "--fidelity-floor takes positive numbers of dB (e.g. 30,40), got '0'"),
+        (["--fidelity-floor", "high"], "--fidelity-floor takes positive numbers of dB (e.g. 30,40), got 'high'"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--nproc", "1"], "bench compares N ranks with one device; use --nproc 2 or more, got 1"),
         (["--guidance", "inf"], "--guidance must be a finite number, got inf"),

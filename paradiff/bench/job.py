@@ -15,20 +15,32 @@ DEFAULT_PROMPTS = 4
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One row of the report: one device (no strategy) or one strategy at one warm-up, with a step cache or not."""
+    """One row of the report: one device (no strategy) or one strategy at one warm-up or fidelity floor, with a step
+    cache or not."""
 
     strategy: str | None = None
     warmup: int | None = None
     #: A step cache on the denoiser (``--cache``: ``NAME`` or ``NAME:{settings}``); None: none.
     cache: str | None = None
+    #: The staleness guard's PSNR floor in dB (``--fidelity-floor``), in place of a fixed warm-up; None: none.
+    floor: float | None = None
 
     @property
     def label(self) -> str:
         if self.strategy is None:
             run = "one device"
+        elif self.floor is not None:
+            run = f"{self.strategy} floor={self.floor:g} dB"
         else:
             run = self.strategy if self.warmup is None else f"{self.strategy} warmup={self.warmup}"
         return run if self.cache is None else f"{self.cache.partition(':')[0]} cache, {run}"
+
+    @property
+    def options(self) -> dict:
+        """What ``parallelize`` takes of the run's warm-up or floor (its default where it sets neither)."""
+        if self.floor is not None:
+            return {"fidelity_floor_db": self.floor}
+        return {} if self.warmup is None else {"warmup_steps": self.warmup}
 
 
 ONE_DEVICE = RunSpec()
@@ -62,21 +74,24 @@ class BenchJob:
     timeout_s: float = 600.0
     #: Step caches (``--cache``), each run on one device and under every strategy and warm-up.
     caches: tuple[str, ...] = ()
+    #: Fidelity floors in dB (``--fidelity-floor``): each displaced strategy also runs under the staleness guard.
+    floors: tuple[float, ...] = ()
 
     def prompt_list(self, video: bool = False) -> list[str]:
         """The prompts every run draws: the user's, or ``prompts`` built-in scenes (moving ones for video)."""
         return list(self.prompt_texts) if self.prompt_texts else bench_prompts(self.prompts, video=video)
 
     def runs(self) -> list[RunSpec]:
-        """The baseline first, then every strategy × warm-up in the order given (once for exact strategies), then
-        each cache on one device and under every strategy × warm-up."""
+        """The baseline first, then every strategy × warm-up in the order given (once for exact strategies) and each
+        displaced strategy × fidelity floor, then each cache on one device and under all of those."""
         runs = [ONE_DEVICE]
         for cache in (None, *self.caches):
             if cache is not None:
                 runs.append(RunSpec(cache=cache))
             for strategy in self.strategies:
-                warmups = self.warmups if strategy_class(strategy).uses_warmup else (None,)
-                runs += [RunSpec(strategy, warmup, cache) for warmup in warmups]
+                displaced = strategy_class(strategy).uses_warmup
+                runs += [RunSpec(strategy, warmup, cache) for warmup in (self.warmups if displaced else (None,))]
+                runs += [RunSpec(strategy, cache=cache, floor=floor) for floor in (self.floors if displaced else ())]
         return runs
 
     def command(self) -> str:
@@ -85,6 +100,7 @@ class BenchJob:
             "--model": self.model,
             "--strategies": ",".join(self.strategies),
             "--warmup": ",".join(map(str, self.warmups)),
+            "--fidelity-floor": ",".join(f"{floor:g}" for floor in self.floors) or None,
             "--nproc": self.nproc,
             "--prompts": None if self.prompt_texts else self.prompts,
             "--steps": self.steps,

@@ -124,7 +124,9 @@ def _run(pipe, job: BenchJob, spec: RunSpec, inputs: list[dict], rank: int, worl
                 if spec.cache is not None:
                     reset_cache(pipe)
                 output, seconds = _generate(pipe, kwargs, size_kwargs(job.size, job.width), job.steps, job.seed + index)
-                run.add(output, seconds, paradiff.comm_stats(pipe) if parallel and world_size > 1 else {})
+                stats = paradiff.comm_stats(pipe) if parallel and world_size > 1 else {}
+                seconds -= stats.get("guard", {}).get("calibration_s", 0.0)  # once per size: not the run's speed
+                run.add(output, seconds, stats)
                 if rank == 0:
                     line = f"{title}: prompt {index + 1}/{len(inputs)} ... {seconds:.2f} s"
                     print(line, file=sys.stderr if job.json else sys.stdout, flush=True)
@@ -152,8 +154,7 @@ def _parallelized(pipe, spec: RunSpec, timeout_s: float):
     if spec.strategy is None:
         yield
         return
-    options = {} if spec.warmup is None else {"warmup_steps": spec.warmup}
-    paradiff.parallelize(pipe, strategy=spec.strategy, timeout_s=timeout_s, **options)
+    paradiff.parallelize(pipe, strategy=spec.strategy, timeout_s=timeout_s, **spec.options)
     try:
         yield
     finally:

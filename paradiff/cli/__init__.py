@@ -377,6 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup", default="1,4", help="comma list of warm-up settings (synchronous steps after the first)"
     )
     ben.add_argument(
+        "--fidelity-floor",
+        default="",
+        metavar="DB[,DB...]",
+        help="also run each displaced strategy under the staleness guard at these PSNR floors (comma list, e.g. "
+        "30,40), beside the fixed warm-ups",
+    )
+    ben.add_argument(
         "--prompts",
         type=int,
         help="how many built-in scenes to draw when no --prompt or --prompts-file is given (default: 4); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
         raise ParadiffError("--prompts N draws N built-in scenes; leave it out with --prompt or --prompts-file")
     strategies = comma_list(args.strategies, "--strategies")
     warmups = tuple(warmup_setting(item) for item in comma_list(args.warmup, "--warmup"))
+    floors = args.fidelity_floor and comma_list(args.fidelity_floor, "--fidelity-floor")
+    floors = tuple(floor_setting(item) for item in floors or ())
     for strategy in strategies:
         ParallelConfig(strategy=strategy)  # raises "unknown strategy 'x'; available: ..."; the ranks check the world
     caches = tuple(dict.fromkeys(args.cache or ()))
@@ -59,6 +62,7 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
         json=getattr(args, "json", False),
         timeout_s=args.timeout,
         caches=caches,
+        floors=floors,
     )
 
 
@@ -83,3 +87,13 @@ def _make_writable_folder(out: str) -> None:
         raise ParadiffError(f"cannot create the --out folder {out}: {error.strerror or error}") from error
     if not os.access(out, os.W_OK):
         raise ParadiffError(f"cannot write into the --out folder {out}")
+
+
+def floor_setting(item: str) -> float:
+    try:
+        floor = float(item)
+    except ValueError:
+        floor = math.nan
+    if not 0 < floor < math.inf:
+        raise ParadiffError(f"--fidelity-floor takes positive numbers of dB (e.g. 30,40), got {item!r}")
+    return floor
