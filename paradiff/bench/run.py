@@ -45,12 +45,16 @@ class RunResult:
     latency_s: list[float] = field(default_factory=list)
     bytes_per_step: list[float] = field(default_factory=list)
     wait_s: list[float] = field(default_factory=list)
+    #: Under a fidelity floor: the steps the staleness guard refreshed, per output.
+    refreshed_steps: list[list[int]] = field(default_factory=list)
 
     def add(self, output: np.ndarray, seconds: float, comm: dict) -> None:
         self.outputs.append(output)
         self.latency_s.append(seconds)
         self.bytes_per_step.append(float(comm.get("bytes_per_step", 0.0)))
         self.wait_s.append(float(comm.get("wait_s", 0.0)))
+        if "guard" in comm:
+            self.refreshed_steps.append(list(comm["guard"]["refreshed_steps"]))
 
 
 @dataclass
