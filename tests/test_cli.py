@@ -249,7 +249,7 @@ def test_help_shows_the_defaults(capsys, command):
     if command == "generate":
         for shown in (
             "(default: cfg for the built-in models, patch otherwise)",
-            "(default: 4)",
+            "(default 4; 0 with --fidelity-floor)",
             "(default: auto, CUDA when present",
             "(default: auto, float16 on",
         ):

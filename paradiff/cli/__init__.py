@@ -378,7 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ben.add_argument(
         "--fidelity-floor",
-        default="",
         metavar="DB[,DB...]",
         help="also run each displaced strategy under the staleness guard at these PSNR floors (comma list, e.g. "
         "30,40), beside the fixed warm-ups",
