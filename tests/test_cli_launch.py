@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from paradiff import ParadiffError
-from paradiff.launch import RanksFailed, run_on_ranks
+from paradiff.launch import SILENT_S, RanksFailed, _Worker, cpu_seconds, run_on_ranks
 
 #: Long enough that the run is still drawing when the test acts (about 20 s of steps on one idle core).
 LONG_RUN = ["generate", "a red circle", "--steps", "400", "--no-baseline"]
@@ -198,3 +198,22 @@ def test_ctrl_c_exits_130_and_leaves_no_process(tmp_path, sigint_handled):
     assert "Traceback" not in err and out == ""
     _assert_gone(tree[1:])
     assert _ours(tmp_path) == [], "no output, log or store folder is left"
+
+
+@pytest.mark.parametrize(("stopped", "silent"), [(False, False), (True, True)], ids=["busy", "stopped"])
+def test_a_worker_that_uses_cpu_time_is_alive_without_beats(stopped, silent):
+    """A worker whose beats stopped 10 s ago counts as silent only if its CPU time stopped too: a long call that
+    holds the interpreter lock on a loaded host keeps the heartbeat thread from running, but not the worker."""
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        if stopped:
+            process.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        now = time.monotonic()
+        worker = _Worker(0, process, -1, bytearray(), -1, last_beat=now - 10, last_progress=now - 10)
+        worker.cpu_s = cpu_seconds(process.pid)
+        time.sleep(0.5)
+        assert (worker.silent_s(time.monotonic()) > SILENT_S) is silent
+    finally:
+        process.kill()
+        process.wait()

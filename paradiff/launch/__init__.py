@@ -12,7 +12,9 @@ worker:
   :class:`RanksFailed`, whose message is one line and whose ``log`` holds the tracebacks;
 * a worker that shows no sign of life for :data:`SILENT_S` seconds (stopped, or stuck where even its
   heartbeat thread cannot run) counts as failed in the same way: every worker writes a byte to a pipe
-  of its own every :data:`BEAT_S` seconds, from a thread, whatever its main thread is doing;
+  of its own every :data:`BEAT_S` seconds, from a thread, whatever its main thread is doing. A worker
+  whose CPU time grows is alive too (Linux): on a loaded host a long call that holds the interpreter
+  lock (an import, a C extension) can keep the heartbeat thread from running for seconds;
 * an interrupt (Ctrl-C) or any exception in the parent kills every worker before it propagates.
 
 Each worker is the leader of a session of its own (``start_new_session``): the terminal's Ctrl-C reaches
@@ -138,10 +140,28 @@ class _Worker:
     result: tuple | None = None  # ("ok", value) | ("paradiff", message) | ("error", line)
     closed: bool = False
     beat_closed: bool = False
+    #: The worker's CPU seconds when last read, and when they last grew (``silent_s``).
+    cpu_s: float | None = None
+    last_progress: float = 0.0
 
     def silent_s(self, now: float) -> float:
-        """Seconds since the last beat; 0 once the worker closed its beat pipe (it is exiting)."""
-        return 0.0 if self.beat_closed else now - self.last_beat
+        """Seconds since the worker last beat or used CPU time, whichever is later; 0 once it closed its beat pipe
+        (it is exiting)."""
+        if self.beat_closed:
+            return 0.0
+        cpu = cpu_seconds(self.process.pid)
+        if cpu is not None and (self.cpu_s is None or cpu > self.cpu_s):
+            self.cpu_s, self.last_progress = cpu, now
+        return now - max(self.last_beat, self.last_progress)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used (user + system, from Linux's ``/proc``); None where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _Workers:
