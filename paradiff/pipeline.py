@@ -506,7 +506,8 @@ def comm_stats(pipe) -> dict:
 
     The denoiser's counters include the cfg split's output gathers (``cfg_gathers``, their bytes and waits).
     With ``strategy="pipefusion"`` they also hold ``idle_share``: the share of the denoiser calls' time
-    this rank waited for another stage (the pipeline's bubble), overall and per step.
+    this rank waited for another stage (the pipeline's bubble), overall and per step. With ``fidelity_floor_db``,
+    ``guard`` holds what the staleness guard decided (``runtime.staleness.GuardCounters``).
     """
     state = getattr(pipe, "_paradiff", None)
     if isinstance(state, AutoState):
