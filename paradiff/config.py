@@ -67,10 +67,9 @@ class ParallelConfig:
 
     def __init__(self, strategy: str = "patch", **options):
         cls = strategy_class(strategy)
-        guarded_by_default = options.get("fidelity_floor_db") is not None and "warmup_steps" not in options
+        if "warmup_steps" not in options:
+            options["warmup_steps"] = default_warmup(options)
         shared = {name: options.pop(name, default) for name, default in SHARED_OPTIONS.items()}
-        if guarded_by_default:
-            shared["warmup_steps"] = 0
         _check_owners(strategy, cls, options)
         if cls.cfg_split_alone:
             shared["cfg_parallel"] = True  # the cfg split alone: redundant to ask for it twice
@@ -101,6 +100,12 @@ class ParallelConfig:
     @classmethod
     def from_options(cls, strategy: str, options: dict) -> ParallelConfig:
         return cls(strategy, **options)
+
+
+def default_warmup(options: dict) -> int:
+    """``warmup_steps`` where ``options`` do not give it: 0 under a fidelity floor (the staleness guard decides every
+    step after the first), else :data:`SHARED_OPTIONS`'."""
+    return 0 if options.get("fidelity_floor_db") is not None else SHARED_OPTIONS["warmup_steps"]
 
 
 def _check_owners(strategy: str, cls: type, options: dict) -> None:

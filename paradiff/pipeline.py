@@ -34,7 +34,7 @@ from torch import nn
 
 from .caches.applied import adapt_caches, check_auto, describe_caches
 from .checks import check_parallelize, vae_scale_factor
-from .config import SHARED_OPTIONS, ParallelConfig
+from .config import SHARED_OPTIONS, ParallelConfig, default_warmup
 from .errors import ParadiffError, PeerFailure
 from .fidelity_floor import cache_key, cached_threshold, calibrate, remember
 from .layers.decode_broadcast import DecodeOnOneRankHook
@@ -300,7 +300,7 @@ class AutoState:
     original_class: type
 
     def call(self, pipe, stock_call, args: tuple, kwargs: dict):
-        warmup = self.options.get("warmup_steps", SHARED_OPTIONS["warmup_steps"])
+        warmup = self.options.get("warmup_steps", default_warmup(self.options))
         auto_class, pipe.__class__ = pipe.__class__, self.original_class  # the checks read the pipeline's own class
         try:
             choice = choose(pipe, stock_call, args, kwargs, self.fidelity, warmup)
@@ -308,7 +308,8 @@ class AutoState:
             pipe.__class__ = auto_class
             raise
         del pipe._paradiff
-        parallelize(pipe, **{**choice.prediction.parallelize_options(), **self.options})  # the warm-up asked wins
+        options = {**choice.prediction.parallelize_options(), "warmup_steps": warmup, **self.options}
+        parallelize(pipe, **options)  # the warm-up asked (or the default the plan was made with) wins
         pipe._paradiff.choice = choice
         return pipe._paradiff.call(pipe, stock_call, args, kwargs)
 

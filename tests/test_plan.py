@@ -600,12 +600,14 @@ def test_the_plan_picks_the_fastest_exact_setting_or_the_fastest_of_all():
     assert displaced_only.best(exact=True) is None and displaced_only.best(exact=False).strategy == "patch"
 
 
-def auto_on_the_hand_made_plan(fidelity: str) -> dict:
+def auto_on_the_hand_made_plan(fidelity: str, floor: float | None = None, cache: str | None = None) -> dict:
     """``strategy="auto"`` on the tiny SD pipeline with the planner replaced by :func:`hand_made_plan` (rank 0
     plans, as the real one does): what the first call picked, installed and returned, beside one device's latents.
+    With ``floor``: under that fidelity floor (its calibration kept in ``cache``) instead of a warm-up.
 
     The real planner's choice depends on this machine's timings; this one's is known, and the call costs no
     planning."""
+    import os
     import unittest.mock
 
     import torch.distributed as dist
@@ -633,20 +635,24 @@ def auto_on_the_hand_made_plan(fidelity: str) -> dict:
         return hand_made_plan() if dist.get_rank() == 0 else None
 
     reference = draw()
+    options = {"warmup_steps": HAND_MADE_WARMUP} if floor is None else {"fidelity_floor_db": floor}
     # auto imports plan_pipeline by name; on_ranks too, should choose import it from there when it runs
     with (
         unittest.mock.patch.object(auto, "plan_pipeline", plan_pipeline),
         unittest.mock.patch.object(on_ranks, "plan_pipeline", plan_pipeline),
+        unittest.mock.patch.dict(os.environ, {"PARADIFF_CACHE_DIR": cache} if cache else {}),
     ):
-        pipe = paradiff.parallelize(pipe, strategy="auto", fidelity=fidelity, warmup_steps=HAND_MADE_WARMUP)
+        pipe = paradiff.parallelize(pipe, strategy="auto", fidelity=fidelity, **options)
         latents = draw()
     config = pipe._paradiff.config
     choice = paradiff.plan_of(pipe)
+    guarded = "guard" in paradiff.comm_stats(pipe)
     paradiff.unparallelize(pipe)
     return {
         "planned": planned,
         "picked": (choice.prediction.strategy, choice.prediction.exact, choice.fidelity),
         "installed": (config.strategy, config.warmup_steps),
+        "guarded": guarded,
         "relative_error": float((latents - reference).abs().max() / reference.abs().max()),
         "latents": latents.numpy(),
     }
@@ -666,6 +672,16 @@ def test_auto_runs_the_fastest_prediction_its_fidelity_allows(pool2, fidelity, p
         assert (result["latents"] == results[0]["latents"]).all()
         # the exact pick equals one device; the displaced one really ran displaced (stale activations after warm-up)
         assert (result["relative_error"] <= 1e-5) == exact, result["relative_error"]
+
+
+@pytest.mark.timeout(120)
+def test_auto_under_a_floor_plans_and_runs_from_warm_up_0_with_the_guard(pool2, tmp_path):
+    """A fidelity floor without a warm-up: the plan is made at warm-up 0, as the guard runs, and the pick (a
+    displaced strategy) is installed with it and guarded."""
+    results = pool2.run(auto_on_the_hand_made_plan, "displaced", 30.0, str(tmp_path), timeout_s=100)
+    for result in results:
+        assert result["planned"] == [(SIZE, 2, HAND_MADE_STEPS, (0,))]
+        assert result["installed"] == ("patch", 0) and result["guarded"]
 
 
 def test_auto_refuses_options_it_decides_itself():
