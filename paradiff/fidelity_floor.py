@@ -65,10 +65,15 @@ def thresholds_between(moved_db: dict[int, float]) -> list[float]:
     return [values[0] - 1.0, *between, values[-1] + 1.0]
 
 
-def calibrate(run: Callable[[float | None], tuple[np.ndarray, dict]], floor_db: float) -> Calibration:
+def calibrate(
+    run: Callable[[float | None], tuple[np.ndarray, dict]],
+    floor_db: float,
+    agreed: Callable[[float], float] = lambda psnr_db: psnr_db,
+) -> Calibration:
     """The threshold with the fewest refreshes whose image holds ``floor_db`` + :data:`MARGIN_DB` against the
     reference. ``run(threshold)`` runs the call under the guard (``None``: refresh every step) and returns its
-    images in [0, 1] and the guard's counters (``GuardCounters`` as a dict)."""
+    images in [0, 1] and the guard's counters (``GuardCounters`` as a dict). ``agreed(psnr)`` is the PSNR every
+    rank bisects on (rank 0's): each run is a collective, so the ranks must take the same branch."""
     reference, counters = run(None)
     candidates = thresholds_between(counters["moved_db"])
     target = floor_db + MARGIN_DB
@@ -79,7 +84,7 @@ def calibrate(run: Callable[[float | None], tuple[np.ndarray, dict]], floor_db: 
         middle = (low + high) // 2
         images, counters = run(candidates[middle])
         runs += 1
-        measured[middle] = (psnr(images, reference), tuple(counters["refreshed_steps"]))
+        measured[middle] = (agreed(psnr(images, reference)), tuple(counters["refreshed_steps"]))
         if measured[middle][0] >= target:
             high = middle
         else:

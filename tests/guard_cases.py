@@ -68,3 +68,21 @@ def agreed_decisions(moved_by_rank: list[float], threshold_db: float) -> dict:
     guard.observe(1, base)
     refresh = guard.decide(2)
     return {"refresh": refresh, "agreed_db": guard.counters.moved_db[2]}
+
+
+def calibration_on_ranks_that_see_different_pictures() -> dict:
+    """:func:`~paradiff.fidelity_floor.calibrate` where rank 1's pictures are 6 dB worse than rank 0's, bisecting on
+    rank 0's PSNR as ``parallelize`` does: what each rank chose, and how many runs it made."""
+    from paradiff.fidelity_floor import calibrate
+
+    comm = Communicator(RankGroup.world(timedelta(seconds=60)), StepState(0))
+    moved = {step: float(step) for step in range(2, 20)}
+    worse = 2.0 if dist.get_rank() == 1 else 1.0  # twice the error: 6 dB lower
+
+    def run(threshold):
+        refreshed = [step for step, value in moved.items() if threshold is None or value < threshold]
+        error = 0.0 if threshold is None else worse * 10 ** (-5 * len(refreshed) / 20)
+        return torch.full((1, 8, 8, 3), error).numpy(), {"moved_db": moved, "refreshed_steps": refreshed}
+
+    calibration = calibrate(run, 21.0, lambda psnr_db: comm.all_gather_object(psnr_db)[0])
+    return {"threshold_db": calibration.threshold_db, "runs": calibration.runs}

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 from exactness import assert_exact
-from guard_cases import BUILTIN_DIT, agreed_decisions, guarded_vs_one_device
+from guard_cases import (
+    BUILTIN_DIT,
+    agreed_decisions,
+    calibration_on_ranks_that_see_different_pictures,
+    guarded_vs_one_device,
+)
 
 from paradiff import ParallelConfig
 from paradiff.errors import ParadiffError
@@ -122,6 +127,14 @@ def _sync_steps(result: dict, strategy: str) -> set[int] | None:
     if strategy == "asyncdiff":
         return set(range(STEPS)) - {row["step"] for row in rows if row["stage_transfers"]}
     return None  # parastep's exchanges do not tell an exact step from a round's first: test_refreshed_steps pins it
+
+
+@pytest.mark.timeout(120)
+def test_ranks_bisect_on_rank_0s_psnr_so_they_calibrate_alike(pool2):
+    """Rank 1's pictures 6 dB worse than rank 0's would send its bisection another way (another number of runs, each
+    a collective); on rank 0's PSNR both make the same runs and choose the same threshold."""
+    results = pool2.run(calibration_on_ranks_that_see_different_pictures)
+    assert results[0] == results[1], results
 
 
 @pytest.mark.timeout(300)
