@@ -34,6 +34,7 @@ import torch
 
 from ..errors import ParadiffError
 from .comm import Communicator, tensor_bytes
+from .step_state import displaced_since_sync
 
 #: A rank's fresh noise prediction sent to rank 0.
 PREDICTION = "prediction"
@@ -56,8 +57,7 @@ class RoundPlan:
         """The step's position in its round (the rank that runs the denoiser for it); None for an exact step."""
         if step <= self.warmup_steps or step in self.refreshed:
             return None
-        last_exact = max([self.warmup_steps, *(done for done in self.refreshed if done < step)])
-        return (step - last_exact - 1) % self.ranks
+        return displaced_since_sync(step, self.warmup_steps, self.refreshed) % self.ranks
 
 
 class StepRounds:

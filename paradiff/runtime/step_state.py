@@ -127,9 +127,7 @@ class StepState:
 
     def displaced_index(self) -> int:
         """How many displaced steps came between the last step in sync and this one (−1: this one is in sync)."""
-        if self.synchronous:
-            return -1
-        return self.step - max([self.warmup_steps, *(step for step in self.refreshed if step < self.step)]) - 1
+        return -1 if self.synchronous else displaced_since_sync(self.step, self.warmup_steps, self.refreshed)
 
     def exchange(self, name: str, factory):
         """The exchange buffers of layer ``name`` for the current call context and call slot."""
@@ -141,6 +139,12 @@ class StepState:
         if key not in self.buffers:
             self.buffers[key] = factory()
         return self.buffers[key]
+
+
+def displaced_since_sync(step: int, warmup_steps: int, refreshed: set[int]) -> int:
+    """Displaced steps between the last step in sync before ``step`` (the warm-up's last, or a refreshed one) and
+    ``step``, for a displaced ``step``."""
+    return step - max([warmup_steps, *(done for done in refreshed if done < step)]) - 1
 
 
 def timestep_key(timestep) -> tuple[float, ...]:
