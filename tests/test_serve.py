@@ -167,6 +167,19 @@ def _process_figures(server) -> tuple[list[int], list[int]]:
     return [process.memory_info().rss for process in processes], [process.num_threads() for process in processes]
 
 
+def _threads_settled_within(server, limits: list[int], seconds: float = 20) -> list[int]:
+    """Each process's thread count once none is above ``limits``, or after ``seconds`` (the counts then).
+
+    A rank's libraries start and end short-lived threads, so one reading may be a few above or below the
+    steady count; a leak is a count that stays above it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        counts = [process.num_threads() for process in server.processes()]
+        if all(count <= limit for count, limit in zip(counts, limits, strict=True)) or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(900)
 def test_load_every_request_is_answered_once_and_the_server_stays_flat(server):
     """40 requests from 8 clients at once against a queue of 3: each answered 200 or 429, its own pictures."""
@@ -188,7 +201,8 @@ def test_load_every_request_is_answered_once_and_the_server_stays_flat(server):
 
     with ThreadPoolExecutor(8) as pool:
         answers = [answer for answers in pool.map(client, range(8)) for answer in answers]
-    memory_after, threads_after = _process_figures(server)
+    memory_after, _ = _process_figures(server)
+    threads_after = _threads_settled_within(server, threads_before)
     assert len(answers) == 40
     statuses = [status for _, status, _, _ in answers]
     assert set(statuses) <= {200, 429}, statuses
@@ -196,7 +210,9 @@ def test_load_every_request_is_answered_once_and_the_server_stays_flat(server):
     assert all(body["paradiff"]["seed"] == seed and len(body["data"]) == 1 for seed, body in drawn)
     assert all(retry and int(retry) >= 1 for _, status, _, retry in answers if status == 429)
     assert drawn and server.metric('paradiff_requests_total{outcome="ok"}') == ok_before + len(drawn)
-    assert threads_after == threads_before, "every process has as many threads as before"
+    assert all(after <= before for after, before in zip(threads_after, threads_before, strict=True)), (
+        f"threads before the load {threads_before}, after it {threads_after}"
+    )
     for before, after in zip(memory_before, memory_after, strict=True):
         assert after < before + 64 * 2**20, f"resident memory grew from {before / 2**20:.0f} to {after / 2**20:.0f} MB"
 
