@@ -131,9 +131,9 @@ def train_vae(vae, steps: int, seed: int) -> None:
 
 
 @torch.no_grad()
-def log_round_trip_error(vae, seed: int) -> None:
+def log_round_trip_error(vae, seed: int, count: int = 32) -> None:
     """Mean absolute error (of 255) of encoding and decoding held-out scenes; colours shift once it passes ~3."""
-    scenes = make_scenes(32, seed)
+    scenes = make_scenes(count, seed)
     for size in (UNET_IMAGE_SIZE, IMAGE_SIZE):
         pixels = to_pixels(np.stack([scene.draw(size) for scene in scenes]))
         recon = torch.cat([vae.decode(vae.encode(chunk).latent_dist.mean).sample for chunk in pixels.split(8)])
@@ -327,7 +327,7 @@ def train(out: Path, scale: float, seed: int, encoders: Path | None = None) -> N
         vae = AutoencoderKL.from_pretrained(encoders / "vae")
     round_to_float16(vae)
     vae.requires_grad_(False).eval()
-    log_round_trip_error(vae, seed + 8)
+    log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
     count = max(32, round(DATASET_SCENES * scale))
     latents, captions = encode_dataset(vae, count, seed + 2, IMAGE_SIZE)
     vae.register_to_config(scaling_factor=float(1 / latents.std()))

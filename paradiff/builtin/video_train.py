@@ -176,7 +176,7 @@ def train(out: Path, scale: float, seed: int, pictures: Path, resume: Path | Non
         return max(2, round(steps * scale))
 
     vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
-    clips = make_clips(max(8, round(DATASET_CLIPS * scale)), seed)
+    clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     if resume is None:
         tokenizer, text_encoder, dit = _stages_1_and_2(clips, scale, seed, pictures)
         latents = encode_clips(vae, clips)
