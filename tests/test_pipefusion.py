@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from diffusers.hooks import HookRegistry, ModelHook
 from patch_cases import (
     against_one_device,
     check_exact_and_restored,
@@ -193,6 +194,44 @@ def test_displaced_runs_close_and_moves_few_bytes(pool2, family):
         theirs = max(_per_step(r)[last]["bytes_sent"] for r in patch)
         print(f"{family}: bytes per displaced step per rank, pipefusion {ours}, patch {theirs}")
         assert ours <= theirs / blocks
+
+
+class _Counter(ModelHook):
+    def __init__(self, counts: dict, name: str):
+        super().__init__()
+        self.counts, self.name = counts, name
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.counts[self.name] = self.counts.get(self.name, 0) + 1
+        return args, kwargs
+
+
+def prompt_projections_computed(steps: int) -> dict:
+    """How often each cross-attention's ``to_k`` of this rank's stage really computed (a hook registered before
+    paradiff's, so inside it), against the denoiser calls and the patches per displaced call."""
+    pipe = deeper_pipeline("pixart", 4)
+    counts: dict = {}
+    for name, module in pipe.transformer.named_modules():
+        if name.endswith("attn2.to_k"):
+            HookRegistry.check_if_exists_or_initialize(module).register_hook(_Counter(counts, name), "count")
+    pipe = paradiff.parallelize(pipe, strategy="pipefusion", warmup_steps=1)
+    counts.clear()  # the stage cut's measurement ran the blocks too
+    generate(pipe, prompt_inputs(pipe, "pixart"), 128, steps)
+    stats = paradiff.comm_stats(pipe)
+    paradiff.unparallelize(pipe)
+    patches = stats["per_step"][-1]["stage_transfers"]
+    return {"computed": {name: n for name, n in counts.items() if n}, "patches": patches}
+
+
+@pytest.mark.timeout(300)
+def test_each_call_projects_the_prompt_once_per_layer(pool2):
+    """The prompt's keys are the same for every patch of a call: computed once per call, not once per patch."""
+    steps = 4
+    results = pool2.run(prompt_projections_computed, steps)
+    assert results[0]["patches"] == 4  # 128 px: stage 0 sends 4 patches per displaced call
+    for result in results:
+        assert len(result["computed"]) == 2  # this rank's 2 of the 4 blocks
+        assert set(result["computed"].values()) == {steps}, result["computed"]
 
 
 @pytest.mark.timeout(300)

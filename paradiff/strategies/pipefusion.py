@@ -43,6 +43,7 @@ from torch import nn
 
 from ..errors import ParadiffError
 from ..layers.attention import plan_kv_completion
+from ..layers.prompt_projection import PromptProjectionHook, prompt_projections
 from ..layers.sdpa_kv import SDPACompletionHook
 from ..models import Capability, DenoiserFamily, family_of
 from ..runtime.comm import Communicator
@@ -219,6 +220,9 @@ class PipeFusionStrategy(Strategy):
             installed.hook(module, layer_hook)
         for attn, processor in processors:
             installed.set_processor(attn, processor)
+        stage_modules = [(name, m) for name, m in denoiser.named_modules() if id(m) in own_modules]
+        for name, projection in prompt_projections(stage_modules):
+            installed.hook(projection, PromptProjectionHook(comm, f"{installed.hook_name}.{name}"))
         installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
