@@ -117,13 +117,13 @@ def test_ranks_whose_predictions_moved_differently_take_the_same_decision(pool2)
 
 def _sync_steps(result: dict, strategy: str) -> set[int] | None:
     """The steps this rank ran in sync, read from what it exchanged: `patch` gathers fresh K/V at every layer;
-    `pipefusion`'s first stage passes the whole image on as one piece instead of its patches; `asyncdiff`'s first
-    component sends its output to the next only on displaced steps."""
+    `pipefusion`'s first stage passes each of the call's 2 samples (CFG's) on whole instead of its 4 patches;
+    `asyncdiff`'s first component sends its output to the next only on displaced steps."""
     rows = result["stats"]["per_step"]
     if strategy == "patch":
         return {row["step"] for row in rows if row["sync_layer_exchanges"] and not row["stale_layer_exchanges"]}
     if strategy == "pipefusion":
-        return {row["step"] for row in rows if row["stage_transfers"] == 1}
+        return {row["step"] for row in rows if row["stage_transfers"] == 2}
     if strategy == "asyncdiff":
         return set(range(STEPS)) - {row["step"] for row in rows if row["stage_transfers"]}
     return None  # parastep's exchanges do not tell an exact step from a round's first: test_refreshed_steps pins it

@@ -79,29 +79,32 @@ def pipefusion_vs_one_device(
     }
 
 
-def _check_exact(results, steps: int, cfg_gathers: int = 0) -> None:
+def _check_exact(results, steps: int, samples: int, cfg_gathers: int = 0) -> None:
+    """Exact, restored, and each call passed its ``samples`` (the batch of a stage pipeline's call) one by one as
+    whole sequences: one transfer per sample and step from each stage but the last."""
     check_exact_and_restored(results, steps)
     for result in results:
         stats = result["stats"]
         assert result["weights_restored"]
         assert stats["cfg_gathers"] == cfg_gathers
         assert stats["sync_layer_exchanges"] == 0 and 0.0 <= stats["idle_share"] < 1.0
-        assert all(row["stage_transfers"] <= 1 for row in stats["per_step"])  # warm-up: the whole sequence at once
-    assert sum(r["stats"]["stage_transfers"] for r in results) > 0
+    transfers = {row["stage_transfers"] for r in results for row in r["stats"]["per_step"]}
+    assert transfers == {0, samples}, transfers
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
 def test_exact_at_2_ranks(pool2, family):
     steps = 2
-    _check_exact(pool2.run(pipefusion_vs_one_device, family, 64, steps, warmup=steps, output_type="latent"), steps)
+    results = pool2.run(pipefusion_vs_one_device, family, 64, steps, warmup=steps, output_type="latent")
+    _check_exact(results, steps, samples=1 if family == "flux" else 2)  # batched CFG: 2 samples per call
 
 
 @pytest.mark.timeout(300)
 def test_exact_at_4_ranks(pool4):
     steps = 2
     results = pool4.run(pipefusion_vs_one_device, "pixart", 64, steps, warmup=steps, blocks=4, output_type="latent")
-    _check_exact(results, steps)
+    _check_exact(results, steps, samples=2)
     assert all(result["cut"] == (1, 1, 1, 1) for result in results)
 
 
@@ -111,7 +114,7 @@ def test_cfg_times_pipefusion_is_exact_at_4_ranks(pool4):
     results = pool4.run(
         pipefusion_vs_one_device, "sd3", 64, steps, warmup=steps, cfg_parallel=True, output_type="latent"
     )
-    _check_exact(results, steps, cfg_gathers=steps)
+    _check_exact(results, steps, samples=1, cfg_gathers=steps)  # each group runs one half of the batch
     assert all(r["stats"]["flow"]["stopped"] == CFG_HALVES_DRAIN for r in results)  # the halves are apart
 
 
@@ -164,7 +167,7 @@ def test_a_cut_given_by_the_user(pool2):
     results = pool2.run(
         pipefusion_vs_one_device, "pixart", 64, 2, warmup=2, blocks=4, pipefusion_stages=(1, 3), output_type="latent"
     )
-    _check_exact(results, 2)
+    _check_exact(results, 2, samples=2)
     block = results[0]["before"]["blocks"] // 4
     assert [r["resident"]["blocks"] for r in results] == [block, 3 * block]
 
@@ -181,7 +184,8 @@ def test_displaced_runs_close_and_moves_few_bytes(pool2, family):
     pipefusion = pool2.run(pipefusion_vs_one_device, family, 128, steps, warmup=warmup, blocks=blocks)
     for result in pipefusion:
         rows = _per_step(result)
-        assert all(row["stage_transfers"] <= 1 for step, row in rows.items() if step <= warmup)
+        samples = 1 if family == "flux" else 2  # warm-up: each sample's whole sequence, one after the other
+        assert all(row["stage_transfers"] <= samples for step, row in rows.items() if step <= warmup)
         assert result["max_error"] > 1e-6 and np.isfinite(result["image"]).all()
         assert result["psnr_db"] > 30.0
         assert result["weights_restored"] and result["restored_error"] == 0.0
@@ -202,13 +206,13 @@ class _Counter(ModelHook):
         self.counts, self.name = counts, name
 
     def pre_forward(self, module, *args, **kwargs):
-        self.counts[self.name] = self.counts.get(self.name, 0) + 1
+        self.counts[self.name] = self.counts.get(self.name, 0) + args[0].shape[0]  # samples projected
         return args, kwargs
 
 
 def prompt_projections_computed(steps: int) -> dict:
-    """How often each cross-attention's ``to_k`` of this rank's stage really computed (a hook registered before
-    paradiff's, so inside it), against the denoiser calls and the patches per displaced call."""
+    """How many samples' prompts each cross-attention's ``to_k`` of this rank's stage really projected (a hook
+    registered before paradiff's, so inside it), and the patches per displaced call."""
     pipe = deeper_pipeline("pixart", 4)
     counts: dict = {}
     for name, module in pipe.transformer.named_modules():
@@ -225,13 +229,14 @@ def prompt_projections_computed(steps: int) -> dict:
 
 @pytest.mark.timeout(300)
 def test_each_call_projects_the_prompt_once_per_layer(pool2):
-    """The prompt's keys are the same for every patch of a call: computed once per call, not once per patch."""
+    """The prompt's keys are the same for every patch of a call: computed once per call, not once per patch (each
+    call projects the batch's 2 prompts, CFG's, as one device does; warm-up calls pass them one by one)."""
     steps = 4
     results = pool2.run(prompt_projections_computed, steps)
     assert results[0]["patches"] == 4  # 128 px: stage 0 sends 4 patches per displaced call
     for result in results:
         assert len(result["computed"]) == 2  # this rank's 2 of the 4 blocks
-        assert set(result["computed"].values()) == {steps}, result["computed"]
+        assert set(result["computed"].values()) == {2 * steps}, result["computed"]
 
 
 @pytest.mark.timeout(300)

@@ -193,11 +193,12 @@ def test_a_two_call_step_costs_two_calls_and_the_cfg_split_gives_each_group_one(
 
 
 def test_pipefusion_flowing_draining_and_the_patches_the_plan_chooses():
-    """Two equal blocks on 2 stages, 21 steps (the first synchronous): draining runs M + 1 patch slots a call,
-    flowing M plus the slot of filling the pipeline once; flowing keeps (N−1)/M of its stage's keys and values
-    to undo; without ``pipefusion_patches`` each picks the M whose loop is fastest."""
+    """Two equal blocks on 2 stages, 21 steps (the first synchronous: the call's 2 samples pass the stages one after
+    the other, 3 slots of half a stage): draining runs M + 1 patch slots a call, flowing M plus the slot of filling
+    the pipeline once; flowing keeps (N−1)/M of its stage's keys and values to undo; without
+    ``pipefusion_patches`` each picks the M whose loop is fastest."""
     w = _workload(kv_bytes=4e8, attention_layers=2)
-    stage_s, sync_s, weights = 0.5, 1.0 + 1e-3, (200 + 400) * 2  # half the model; the whole one, and one transfer
+    stage_s, sync_s, weights = 0.5, 3 * 0.25 + 1e-3, (200 + 400) * 2  # half the model; 3 half-stage slots + 1 ms
     drain = predict(w, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_flow=False, pipefusion_patches=4)
     flow = predict(w, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_patches=4)
     assert drain.predicted_step_s == pytest.approx((sync_s + 20 * 5 * stage_s / 4) / 21)
@@ -220,6 +221,10 @@ def test_pipefusion_flowing_draining_and_the_patches_the_plan_chooses():
     )
     assert split.predicted_step_s == pytest.approx(drained.predicted_step_s)
     assert split.memory_mb == pytest.approx(drained.memory_mb)
+    # one sample per call: the synchronous step passes the stages one after the other, one device's time
+    single = _workload(kv_bytes=4e8, attention_layers=2, batch=1)
+    one = predict(single, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_patches=4)
+    assert one.predicted_step_s == pytest.approx((1.0 + 1e-3 + 20 * stage_s + stage_s / 4) / 21)
 
 
 def test_a_setting_whose_memory_per_rank_exceeds_a_device_is_marked_and_never_picked():

@@ -21,18 +21,18 @@ from ..runtime.step_state import timestep_key
 from .split import output_sample, replace_output_sample
 
 
-def batch_half(value, batch: int, half: int):
-    """``value`` cut to batch half ``half`` (0 or 1): every tensor whose first dimension is ``batch``.
+def batch_rows(value, batch: int, rows: slice):
+    """``value`` cut to the samples ``rows`` of a call's ``batch``: every tensor whose first dimension is ``batch``.
 
     Recurses into lists, tuples and dicts (``added_cond_kwargs``, ControlNet residuals); other values
     and tensors of another first dimension (a scalar timestep) are left whole.
     """
     if isinstance(value, torch.Tensor):
-        return value.narrow(0, half * batch // 2, batch // 2) if value.ndim and value.shape[0] == batch else value
+        return value[rows] if value.ndim and value.shape[0] == batch else value
     if isinstance(value, dict):
-        return {key: batch_half(item, batch, half) for key, item in value.items()}
+        return {key: batch_rows(item, batch, rows) for key, item in value.items()}
     if type(value) in (list, tuple):
-        return type(value)(batch_half(item, batch, half) for item in value)
+        return type(value)(batch_rows(item, batch, rows) for item in value)
     return value
 
 
@@ -94,11 +94,12 @@ class CfgSplitHook(CallContextHook):
         """The call's arguments cut to this rank's half of the batch (every argument that carries the batch)."""
         family, inputs = self.family, bound.arguments
         batch = inputs[family.latent_arg].shape[0]
+        half = slice(self.comm.rank * batch // 2, (self.comm.rank + 1) * batch // 2)  # the cfg group's rank
         for name, value in list(inputs.items()):
             if name in family.frame_batched_args and isinstance(value, torch.Tensor):
                 inputs[name] = value.chunk(2)[self.comm.rank]
             elif name not in family.unbatched_args:
-                inputs[name] = batch_half(value, batch, self.comm.rank)  # the cfg group's rank is its half
+                inputs[name] = batch_rows(value, batch, half)
         return bound.args, bound.kwargs
 
 

@@ -30,12 +30,15 @@ class _ContextCursor:
 
 @dataclass
 class RowPartition:
-    """How the image's grid (latent rows × cols, or token rows × cols) is cut into equal row bands."""
+    """How the image's grid (latent rows × cols, or token rows × cols) is cut into equal row bands, and which samples
+    of the call's ``batch`` a pass holds (``samples``; None: all of them)."""
 
     rows: int
     cols: int
     parts: int
     rank: int
+    samples: slice | None = None
+    batch: int = 0
 
     @property
     def band_rows(self) -> int:

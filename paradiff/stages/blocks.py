@@ -9,7 +9,8 @@ returns the whole sequence, so the head computes the true output there; the hook
 overwrites the other ranks' output with it.
 
 A call runs the whole sequence as one patch (exact: every attention layer sees this step's keys and
-values of every token) during warm-up, and in ``M`` patches of whole rows afterwards: each attention
+values of every token) during warm-up, a pass per sample of its batch, and in ``M`` patches of whole rows
+afterwards: each attention
 layer keeps a buffer of the whole image's K/V (:class:`PatchKV`), overwrites the current patch's slice
 and attends to the whole buffer, so patches done this step are fresh and the others one step stale.
 ``state.partition`` names the current patch (``parts`` = patches, ``rank`` = patch index), which is
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..compat import CallContextHook
 from ..errors import ParadiffError
+from ..layers.batch_split import batch_rows
 from ..layers.sdpa_kv import JointText
 from ..layers.split import output_sample, replace_output_sample
 from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs, map_by_spec
@@ -76,11 +78,11 @@ class KVSlot:
 class PatchKV:
     """One attention layer's keys (or values) of the whole image, refreshed patch by patch.
 
-    A whole-sequence call stores them; a patch call overwrites the patch's slice and returns the whole
-    buffer. Buffers are kept per call context and call slot, in the layer's own dtype, and forgotten at
-    every ``pipe(...)`` call (they live in the step state's per-run buffers). What work done ahead for the
-    next call overwrites is kept in ``undo`` until that call confirms it. Attention processors must not
-    modify the returned keys and values in place (the stock ones do not).
+    A whole-sequence call stores them (a pass of some of its samples, their rows); a patch call overwrites the
+    patch's slice and returns the whole buffer. Buffers are kept per call context and call slot, in the layer's
+    own dtype, and forgotten at every ``pipe(...)`` call (they live in the step state's per-run buffers). What
+    work done ahead for the next call overwrites is kept in ``undo`` until that call confirms it. Attention
+    processors must not modify the returned keys and values in place (the stock ones do not).
     """
 
     def __init__(self, comm: Communicator, name: str, undo: KVUndo):
@@ -89,8 +91,13 @@ class PatchKV:
     def complete(self, local: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
         state = self.comm.state
         part, slot = state.partition, state.exchange(self.name, KVSlot)
-        if part.parts == 1:
+        if part.parts == 1 and part.samples is None:
             slot.tensor = local
+            return local
+        if part.parts == 1:  # a whole-sequence pass of some of the call's samples: their rows of the buffer
+            if part.samples.start == 0:
+                slot.tensor = local.new_empty((part.batch, *local.shape[1:]))
+            slot.tensor[part.samples] = local
             return local
         target = slot.tensor.narrow(token_dim, part.row_start * part.cols, part.band_tokens)
         self.undo.keep(target)
@@ -241,17 +248,29 @@ class Stage:
         self.stack, self.comm, self.forwards = stack, comm, forwards
         self.grid: Grid | None = None
 
-    def run_patch(self, inputs: StageInputs, patch: int, patches: int, x: torch.Tensor, t: torch.Tensor | None):
+    def run_patch(
+        self,
+        inputs: StageInputs,
+        patch: int,
+        patches: int,
+        x: torch.Tensor,
+        t: torch.Tensor | None,
+        samples: slice | None = None,
+    ):
         """Patch ``patch`` of ``patches`` (image tokens ``x``, text tokens ``t`` when they flow) through the stage's
-        blocks, with ``inputs``' other arguments; returns its image and text tokens after the stage."""
+        blocks, with ``inputs``' other arguments (cut to the batch's ``samples`` when given, in a whole-sequence
+        pass of some samples); returns its image and text tokens after the stage."""
         stack, bound = self.stack, inputs.bound
-        grid = self.grid
-        self.comm.state.partition = RowPartition(grid.rows, grid.cols, patches, patch)
+        grid, batch = self.grid, inputs.image.shape[0]
+        self.comm.state.partition = RowPartition(grid.rows, grid.cols, patches, patch, samples, batch)
         tokens = inputs.image.shape[1]
         per_patch = tokens // patches
         span = slice(patch * per_patch, (patch + 1) * per_patch)
         for name, table in inputs.per_token.items() if patches > 1 else ():
             bound.arguments[name] = _cut_per_token(table, stack.per_token[name], tokens, span)
+        for name, value in inputs.arguments.items() if samples is not None else ():
+            if name not in (stack.image_arg, stack.text_arg):
+                bound.arguments[name] = batch_rows(value, batch, samples)
         for block, forward in self.forwards():
             bound.arguments[stack.image_arg] = x
             if t is not None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..layers.batch_split import batch_rows
 from ..layers.split import output_sample
 from ..models.base import BlockStack
 from ..runtime.comm import Communicator
@@ -64,10 +65,16 @@ class StageInputs:
         per_token = {name: inputs[name] for name in stack.per_token if inputs.get(name) is not None}
         return cls(bound, inputs[stack.image_arg], text, per_token, dict(inputs))
 
-    def message_shape(self, patches: int) -> tuple[int, int]:
-        """``(batch, size)`` of a patch's message: its image tokens, then the text tokens when they flow."""
-        batch, tokens, width = self.image.shape
-        return batch, tokens // patches * width + (0 if self.text is None else self.text[0].numel())
+    def message_shape(self, patches: int, samples: int) -> tuple[int, int]:
+        """``(samples, size)`` of a patch's message: its image tokens, then the text tokens when they flow."""
+        _, tokens, width = self.image.shape
+        return samples, tokens // patches * width + (0 if self.text is None else self.text[0].numel())
+
+    def sample_passes(self, stages: int) -> int:
+        """How many passes of whole samples a call in one patch runs in: one per sample when the stages are several
+        (the samples of a batch never meet, so sample ``b`` may enter stage 0 while stage 1 works on sample
+        ``b − 1``, and the pipeline is exact), else one pass of the whole batch."""
+        return self.image.shape[0] if stages > 1 else 1
 
 
 @dataclass
@@ -191,25 +198,26 @@ class StageFlow:
         stack, rank, size, k, patches = call.stack, comm.rank, comm.size, self.index, call.patches
         inputs = StageInputs.of(stack, bound)
         done, following = self._agree(inputs, patches) if patches > 1 else (0, None)
+        passes = inputs.sample_passes(size) if patches == 1 else 1
         if k not in self.tags:
-            self.tags[k] = comm.tags(patches)
+            self.tags[k] = comm.tags(patches * passes)
         ahead = size - 1 - rank if following is not None else 0
         if following is not None:
             self.tags[k + 1] = comm.tags(patches)
             if following.upcoming.new_step:
                 self.ring[k] = comm.tags(size - 1)
-        work = [(k, p) for p in range(done, patches)] + [(k + 1, p) for p in range(ahead)]
+        work = [(k, p) for p in range(done, patches * passes)] + [(k + 1, p) for p in range(ahead)]
         output = torch.zeros_like(inputs.image) if self.link.last else None
         later = self._around_blocks(following.arguments).captured if ahead and rank else None
-        shape, text = inputs.message_shape(patches), inputs.text
+        shape, texts = inputs.message_shape(patches, inputs.image.shape[0] // passes), []
         record = Ahead(patches, ahead)
         for i, (c, p) in enumerate(work):
             for item in work[i : i + 2]:
                 self._post(item, following, shape, inputs)
             if c == k:
-                x, t = self._own_patch(inputs, p, output, following)
+                x, t = self._own_patch(inputs, p, output, following, passes)
                 if output is not None:
-                    text = t
+                    texts.append(t)
                     continue
                 step = comm.state.step
             else:
@@ -224,22 +232,29 @@ class StageFlow:
             self._count(ahead)
         if output is None:
             return block_output(stack, entry, inputs.image, inputs.text)
+        text = texts[-1] if passes == 1 or texts[-1] is None else torch.cat(texts)
         return block_output(stack, entry, output, text)
 
-    def _own_patch(self, inputs: StageInputs, p: int, output: torch.Tensor | None, following: NextCall | None):
-        """Patch ``p`` of the running call through the stage; the last stage writes it into ``output`` and, when the
-        next call is a new step's, sends stage 0 that step's latent as far as it is known."""
-        patches = self.call.patches
-        per_patch = inputs.image.shape[1] // patches
-        span = slice(p * per_patch, (p + 1) * per_patch)
+    def _own_patch(
+        self, inputs: StageInputs, p: int, output: torch.Tensor | None, following: NextCall | None, passes: int
+    ):
+        """Patch ``p`` of the running call through the stage (with ``passes`` > 1, the whole sequence of the ``p``-th
+        of that many equal parts of the batch); the last stage writes it into ``output`` and, when the next call
+        is a new step's, sends stage 0 that step's latent as far as it is known."""
+        patches, (batch, tokens, _) = self.call.patches, inputs.image.shape
+        per_patch, per_pass = tokens // patches, batch // passes
+        span = slice(p * per_patch, (p + 1) * per_patch) if passes == 1 else slice(None)
+        samples = slice(p * per_pass, (p + 1) * per_pass) if passes > 1 else None
+        rows, patch = (slice(None), p) if samples is None else (samples, 0)
         if self.comm.rank == 0:
-            x, t = self.call.stage.run_patch(inputs, p, patches, inputs.image[:, span], inputs.text)
+            x, t = inputs.image[rows, span], batch_rows(inputs.text, batch, rows)
+            x, t = self.call.stage.run_patch(inputs, patch, patches, x, t, samples)
         else:
             x, t, buffer = self._received(self.index, p, inputs)
-            x, t = self.call.stage.run_patch(inputs, p, patches, x, t)
+            x, t = self.call.stage.run_patch(inputs, patch, patches, x, t, samples)
             self.link.release(buffer)
         if output is not None:
-            output[:, span] = x
+            output[rows, span] = x
             if following is not None and following.upcoming.new_step and p < self.comm.size - 1:
                 self._send_latent(output, p)
         return x, t
@@ -359,8 +374,8 @@ class StageFlow:
         """Patch ``p`` of call ``c`` from the previous stage: its image tokens, the text tokens (when they flow) and
         the buffer they are views of (to release once read)."""
         buffer = self.link.take((c, p))
-        batch, tokens, width = inputs.image.shape
-        patches = self.call.patches
+        _, tokens, width = inputs.image.shape
+        batch, patches = buffer.shape[0], self.call.patches
         image_size = tokens // patches * width
         x = buffer[:, :image_size].reshape(batch, tokens // patches, width)
         t = buffer[:, image_size:].reshape(batch, *inputs.text.shape[1:]) if inputs.text is not None else None

@@ -3,7 +3,9 @@
 The blocks (Flux: the double-stream then the single-stream ones, as one sequence) are cut into N
 contiguous stages of about equal measured cost (``stage_cut``), or as ``pipefusion_stages`` says.
 Rank ``s`` keeps only stage ``s``'s block parameters; the embeddings and the head stay on every rank.
-Warm-up calls pass the whole sequence through the stages in turn (exact); later calls pass M patches
+Warm-up calls pass the whole sequence through the stages (exact), each sample of the call's batch on its own
+(the samples of a batch never meet, so stage 1 works on sample 0 while stage 0 starts sample 1: with CFG's
+two samples, 2 ranks finish a warm-up call in 3 half-calls' time, not 4); later calls pass M patches
 of whole token rows, which keeps every stage busy once the pipeline is full, with each attention layer
 attending to a buffer of the whole image's K/V, one step stale outside the patches already done
 (``paradiff.stages.blocks``). The family (``paradiff.models``) says where the blocks are and what
@@ -120,9 +122,9 @@ class PipeFusionStrategy(Strategy):
         passes its patch's hidden states on. Draining, each call runs M + N − 1 patch slots; flowing, M, plus one
         forward around the blocks per patch worked out ahead on the first and the last stage, a vote per call
         and the next latents sent from the last stage to the first, and the N − 1 slots of filling the pipeline
-        once; under the CFG split each call drains (its next latent needs both halves). Without
-        ``pipefusion_patches`` the plan chooses the M (a divisor of the token rows, at least N) whose loop is
-        fastest."""
+        once; under the CFG split each call drains (its next latent needs both halves). Exact steps pass each
+        sample of a call whole (``_sync_step``). Without ``pipefusion_patches`` the plan chooses the M (a divisor
+        of the token rows, at least N) whose loop is fastest."""
         flows = setting.options.get("pipefusion_flow", True) and m.groups == 1
         patches = setting.options.get("pipefusion_patches")
         if patches is not None:
@@ -245,7 +247,7 @@ def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCos
     outside = (w.flops - w.stack_flops) / groups  # embeddings and head: every rank, every call
     boundary = max(w.unit_output_bytes, default=0.0) / groups
     slot = m.compute(stage / (calls * patches), calls=1 / (n * calls))  # one patch through one stage
-    sync = m.compute(w.flops / groups, shared=False) + m.transfer(boundary * (n - 1), calls * (n - 1))
+    sync = _sync_step(m, n, stage, outside, boundary)
     transfer = m.transfer(boundary, calls * patches)
     kv = w.kv_bytes / groups / n  # this stage's layers' buffers of the whole image, per call of a step
     weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
@@ -267,6 +269,17 @@ def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCos
     return StepCost(
         sync, m.displaced(compute, transfer), boundary, nbytes, memory, (n - 1) * slot, {"pipefusion_patches": patches}
     )
+
+
+def _sync_step(m: CostMachine, n: int, stage: float, outside: float, boundary: float) -> float:
+    """An exact step: each call's samples pass whole through the stages one after the other, so with S samples per
+    call the stages work side by side on S + N − 1 slots of one sample each (one device's time when S = 1)."""
+    samples = max(1, m.one_call.batch * m.one_call.calls_per_step // (m.groups * m.calls))
+    exchanges = m.calls * (n - 1) * samples
+    if samples == 1:
+        return m.compute(m.w.flops / m.groups, shared=False) + m.transfer(boundary * (n - 1), exchanges)
+    piece = m.compute(stage / (m.calls * samples), calls=1 / (n * m.calls * samples))
+    return m.calls * (samples + n - 1) * piece + m.compute(outside, calls=0) + m.transfer(boundary * (n - 1), exchanges)
 
 
 def default_patches(token_rows: int, stages: int) -> int:
