@@ -13,6 +13,9 @@ memory per rank during the call (the largest rank's; Linux VmHWM, reset before t
 denoiser parameters each rank holds, the PSNR of the image against the one-device image, and for
 PipeFusion the share of its displaced denoiser calls each rank spent idle waiting for another stage,
 rank by rank, next to the drain model's (N−1)/(M+N−1). Prints a table and writes JSON.
+
+The "host ceiling" line is the best speedup this host allows at all: every rank runs the whole one-device job
+at the same time, and ``N × one-device time / that time`` is what N perfectly split ranks could reach.
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ def one_device(family: str, size: int, steps: int) -> dict:
         "peak_mb": _peak_memory_mb(),
         "params_mb": _parameter_mb(pipe.transformer),
     }
+
+
+def one_device_on_every_rank(family: str, size: int, steps: int) -> float:
+    """Seconds of the one-device job on this rank while every other rank runs it too (the host ceiling's run)."""
+    import torch.distributed as dist
+
+    pipe = cached_pipeline(family)
+    dist.barrier()
+    return generate(pipe, family, size, steps)[1]
 
 
 #: Labels of settings that are a strategy with options: the label, the strategy, the options.
@@ -129,15 +141,20 @@ def main() -> None:
     rows = [_base_row(base)]
     print(_table(rows), flush=True)
     with RankPool(args.nproc, timeout_s=3600, threads_per_rank=1) as pool:
+        concurrent = pool.run(one_device_on_every_rank, args.model, args.size, args.steps)
+        ceiling = args.nproc * base["latency_s"] / max(concurrent)
+        print(f"host ceiling: {ceiling:.2f}x ({args.nproc} one-device jobs side by side: {max(concurrent):.1f} s)")
         for strategy in strategies:
             results = pool.run(on_ranks, args.model, args.size, args.steps, strategy, args.warmup, args.patches)
             rows.append(_row(strategy, base, results, args))
             print(_table(rows[-1:]), flush=True)
-    print("\n" + _table(rows))
+    print("\n" + _table(rows) + f"\nhost ceiling: {ceiling:.2f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: getattr(args, k) for k in ("model", "size", "steps", "warmup", "patches", "nproc")}
-    out.write_text(json.dumps({"torch_threads_per_rank": 1, **settings, "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps({"torch_threads_per_rank": 1, **settings, "host_ceiling": ceiling, "rows": rows}, indent=2)
+    )
     print(f"wrote {out}")
 
 
