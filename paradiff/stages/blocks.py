@@ -269,7 +269,9 @@ class Stage:
         for name, table in inputs.per_token.items() if patches > 1 else ():
             bound.arguments[name] = _cut_per_token(table, stack.per_token[name], tokens, span)
         for name, value in inputs.arguments.items() if samples is not None else ():
-            if name not in (stack.image_arg, stack.text_arg):
+            if name in stack.per_token:
+                bound.arguments[name] = _cut_samples(value, stack.per_token[name], batch, samples)
+            elif name not in (stack.image_arg, stack.text_arg):
                 bound.arguments[name] = batch_rows(value, batch, samples)
         for block, forward in self.forwards():
             bound.arguments[stack.image_arg] = x
@@ -278,6 +280,12 @@ class Stage:
             result = forward(*bound.args, **bound.kwargs)
             x, t = block_streams(block, result) if t is not None else (result, None)
         return x, t
+
+
+def _cut_samples(value, spec, batch: int, samples: slice):
+    """A per-token table (or tuple of them) cut to the batch's ``samples`` where it holds the batch: a table whose
+    first dimension is its tokens (``spec.split_dim`` 0, Flux's rotary table) has none to cut."""
+    return map_by_spec(value, spec, lambda table, one: batch_rows(table, batch, samples) if one.split_dim else table)
 
 
 def _cut_per_token(value, spec, image_tokens: int, span: slice):
