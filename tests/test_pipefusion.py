@@ -211,12 +211,12 @@ class _Counter(ModelHook):
 
 
 def prompt_projections_computed(steps: int) -> dict:
-    """How many samples' prompts each cross-attention's ``to_k`` of this rank's stage really projected (a hook
-    registered before paradiff's, so inside it), and the patches per displaced call."""
+    """How many samples' prompts each cross-attention's ``to_k`` of this rank's stage and the caption projection
+    really projected (hooks registered before paradiff's, so inside them), and the patches per displaced call."""
     pipe = deeper_pipeline("pixart", 4)
     counts: dict = {}
     for name, module in pipe.transformer.named_modules():
-        if name.endswith("attn2.to_k"):
+        if name.endswith("attn2.to_k") or name == "caption_projection":
             HookRegistry.check_if_exists_or_initialize(module).register_hook(_Counter(counts, name), "count")
     pipe = paradiff.parallelize(pipe, strategy="pipefusion", warmup_steps=1)
     counts.clear()  # the stage cut's measurement ran the blocks too
@@ -229,13 +229,14 @@ def prompt_projections_computed(steps: int) -> dict:
 
 @pytest.mark.timeout(300)
 def test_each_call_projects_the_prompt_once_per_layer(pool2):
-    """The prompt's keys are the same for every patch of a call: computed once per call, not once per patch (each
-    call projects the batch's 2 prompts, CFG's, as one device does; warm-up calls pass them one by one)."""
+    """The prompt's keys are the same for every patch of a call: computed once per call, not once per patch, and
+    the prompt is embedded once per call, not again in the forwards that work out patches ahead (each call
+    projects the batch's 2 prompts, CFG's, as one device does; warm-up calls pass them one by one)."""
     steps = 4
     results = pool2.run(prompt_projections_computed, steps)
     assert results[0]["patches"] == 4  # 128 px: stage 0 sends 4 patches per displaced call
     for result in results:
-        assert len(result["computed"]) == 2  # this rank's 2 of the 4 blocks
+        assert len(result["computed"]) == 3  # this rank's 2 of the 4 blocks, and the caption projection
         assert set(result["computed"].values()) == {2 * steps}, result["computed"]
 
 

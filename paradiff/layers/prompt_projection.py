@@ -1,13 +1,14 @@
-"""A cross-attention's projections of the prompt, computed once per denoiser call instead of once per patch.
+"""Work on the prompt alone, done once per denoiser call instead of once per patch or forward (``pipefusion``).
 
 ``pipefusion`` passes a call's image tokens through each stage in M patches, and every patch's cross-attention
-projects the same prompt tokens to keys and values again: M times the work one device does once per call. This
-hook on such a projection (``to_k``, ``to_v``, ...) keeps its output for the call in progress and hands it out
-again for an input equal to the one it was computed on, bit for bit and laid out alike (the same tensor for the
-patches of a call; an equal one from the forward that works out the next call's first patches ahead), so the
-result is the one the layer would compute. Comparing costs a read of the prompt tokens, a small part of
-projecting them. Any other call computes as usual. Under ``torch.compile`` the hook computes every time (the
-comparison is no graph's business).
+projects the same prompt tokens to keys and values again: M times the work one device does once per call; and
+the forwards around the blocks that work out the next call's patches ahead embed the prompt again (the family's
+``prompt_embedder``, PixArt's caption projection). This hook on such a module (``to_k``, ``to_v``, ...; the prompt
+embedder) keeps its output for the call in progress and hands it out again for an input equal to the one it was
+computed on, bit for bit and laid out alike (the same tensor for the patches of a call; an equal one from a
+forward around the blocks), so the result is the one the module would compute. Comparing costs a read of the
+prompt tokens, a small part of projecting them. Any other call computes as usual. Under ``torch.compile`` the
+hook computes every time (the comparison is no graph's business).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class _Kept:
 
 
 class PromptProjectionHook(ModelHook):
-    """On one of a cross-attention's prompt projections: the call's output again for an input equal to the one kept.
+    """On a module that works on the prompt alone: the call's output again for an input equal to the one kept.
 
     What is kept lives in the step state's per-call-slot buffers, so it is dropped at the end of each ``pipe(...)``
     call, and work done ahead for the next call (``as_call``) keeps that call's own.

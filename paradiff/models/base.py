@@ -143,6 +143,10 @@ class DenoiserFamily:
     #: ``scaled_dot_product_attention`` is called (``paradiff.layers.sdpa_kv``). Then neither
     #: :attr:`token_module` nor :meth:`split_inputs` is used.
     split_by_plan: bool = False
+    #: Submodule that embeds the prompt before the blocks, on the prompt alone (PixArt's caption projection): a
+    #: forward that ``pipefusion`` runs around the blocks, to work out a call's patches ahead, reuses its output
+    #: for the call instead of embedding the prompt again (``paradiff.layers.prompt_projection``). None: none.
+    prompt_embedder: str | None = None
     #: With :attr:`split_by_plan`: whether prompt tokens, whole on every rank (the plan does not split
     #: them), join the image tokens inside self-attention: True before them, False after them; None: the
     #: self-attention sees only tokens the plan splits.

@@ -55,6 +55,7 @@ class PatchEmbedDiTFamily(DenoiserFamily):
 class PixArtFamily(PatchEmbedDiTFamily):
     name = "pixart"
     class_names = ("PixArtTransformer2DModel",)
+    prompt_embedder = "caption_projection"
     block_stack = BlockStack(lists=("transformer_blocks",))
 
     def block_inputs(self, model, image_tokens, text_tokens):
@@ -69,7 +70,7 @@ class PixArtFamily(PatchEmbedDiTFamily):
 class SD3Family(PatchEmbedDiTFamily):
     name = "sd3"
     class_names = ("SD3Transformer2DModel",)
-    text_module = "context_embedder"
+    text_module = prompt_embedder = "context_embedder"
     context_parallel_text_arg = "encoder_hidden_states"
     token_residual_args = ("block_controlnet_hidden_states",)
     block_stack = BlockStack(

@@ -37,6 +37,7 @@ class FluxFamily(DenoiserFamily):
     cuts_inputs = True
     name = "flux"
     class_names = ("FluxTransformer2DModel",)
+    prompt_embedder = "context_embedder"
     output_dim = 1
     #: Token positions, ``(tokens, 3)``: their length may equal the batch by chance, so never cut them.
     unbatched_args = ("img_ids", "txt_ids")

@@ -223,7 +223,10 @@ class PipeFusionStrategy(Strategy):
         for attn, processor in processors:
             installed.set_processor(attn, processor)
         stage_modules = [(name, m) for name, m in denoiser.named_modules() if id(m) in own_modules]
-        for name, projection in prompt_projections(stage_modules):
+        projections = prompt_projections(stage_modules)
+        if family.prompt_embedder is not None:
+            projections.append((family.prompt_embedder, denoiser.get_submodule(family.prompt_embedder)))
+        for name, projection in projections:
             installed.hook(projection, PromptProjectionHook(comm, f"{installed.hook_name}.{name}"))
         installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
