@@ -232,7 +232,8 @@ def _in_flight(server, body: dict) -> tuple[threading.Thread, dict]:
 def test_a_client_gone_before_its_request_starts_is_dropped(server):
     calls = server.metric("paradiff_step_seconds_count")
     cancelled = server.metric('paradiff_requests_total{outcome="cancelled"}')
-    thread, reply = _in_flight(server, {"size": "128x128", "num_inference_steps": 30, "strategy": "cfg"})
+    # the first request must outlast the second's client (1 s) by far, on a fast machine too: seconds of drawing
+    thread, reply = _in_flight(server, {"size": "256x256", "num_inference_steps": 50, "strategy": "cfg"})
     with pytest.raises(httpx.TimeoutException):  # queued behind the first; the client gives up and disconnects
         server.http.post("/v1/images/generations", json={"prompt": PROMPT, "size": "64x64"}, timeout=1.0)
     thread.join(120)
