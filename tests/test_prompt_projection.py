@@ -40,6 +40,14 @@ def test_an_equal_input_laid_out_alike_is_projected_once():
     assert layer(transposed) is not first
 
 
+def test_an_input_equal_to_what_the_kept_one_became_is_projected_again():
+    layer, state = _hooked()
+    prompt = torch.randn(2, 5, 4)
+    kept = layer(prompt)
+    prompt.add_(1)  # the input kept, edited in place after its projection
+    assert layer(prompt.clone()) is not kept
+
+
 def test_another_input_an_edited_one_or_another_call_is_projected_again():
     layer, state = _hooked()
     prompt = torch.randn(2, 5, 4)

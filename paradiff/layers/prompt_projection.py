@@ -37,10 +37,10 @@ class _Kept:
     def holds(self, step: int, source: torch.Tensor) -> bool:
         """Whether the output kept is the one for ``source`` at ``step``."""
         kept = self.source
-        if self.step != step or kept is None:
+        if self.step != step or kept is None or kept._version != self.version:  # edited in place since: not it
             return False
         if kept is source:
-            return kept._version == self.version
+            return True
         return (
             kept.dtype == source.dtype
             and kept.shape == source.shape
