@@ -43,3 +43,14 @@ def cached_pipeline(family: str):
         _PIPES[family] = build_pipeline(family, size="bench")
         generate(_PIPES[family], family, 64, 1)  # first-call allocations out of the timed runs
     return _PIPES[family]
+
+
+def concurrently(family: str, size: int, steps: int) -> float:
+    """Seconds of the one-device job (no paradiff) on this rank while every other rank runs it too: how much the
+    ranks slow each other, the host ceiling of a multi-rank benchmark. The pipeline is built before the ranks
+    start together."""
+    import torch.distributed as dist
+
+    pipe = cached_pipeline(family)
+    dist.barrier()
+    return generate(pipe, family, size, steps)[1]

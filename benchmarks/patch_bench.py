@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from bench_common import cached_pipeline, generate
+from bench_common import cached_pipeline, concurrently, generate
 from rank_workers import RankPool
 
 from paradiff.metrics import psnr
@@ -32,15 +32,6 @@ def one_device(family: str, size: int, steps: int) -> dict:
     torch.set_num_threads(1)
     images, latency = generate(cached_pipeline(family), family, size, steps)
     return {"images": images, "latency_s": latency}
-
-
-def concurrently(family: str, size: int, steps: int) -> float:
-    """The one-device job on every rank at once (no paradiff): how much the ranks slow each other."""
-    import torch.distributed as dist
-
-    dist.barrier()
-    _, latency = generate(cached_pipeline(family), family, size, steps)
-    return latency
 
 
 def on_ranks(family: str, size: int, steps: int, warmup: int, partial_context) -> dict:

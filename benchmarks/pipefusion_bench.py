@@ -28,7 +28,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from bench_common import cached_pipeline, generate
+from bench_common import cached_pipeline, concurrently, generate
 from rank_workers import RankPool
 
 from paradiff.metrics import psnr
@@ -65,15 +65,6 @@ def one_device(family: str, size: int, steps: int) -> dict:
         "peak_mb": _peak_memory_mb(),
         "params_mb": _parameter_mb(pipe.transformer),
     }
-
-
-def one_device_on_every_rank(family: str, size: int, steps: int) -> float:
-    """Seconds of the one-device job on this rank while every other rank runs it too (the host ceiling's run)."""
-    import torch.distributed as dist
-
-    pipe = cached_pipeline(family)
-    dist.barrier()
-    return generate(pipe, family, size, steps)[1]
 
 
 #: Labels of settings that are a strategy with options: the label, the strategy, the options.
@@ -141,7 +132,7 @@ def main() -> None:
     rows = [_base_row(base)]
     print(_table(rows), flush=True)
     with RankPool(args.nproc, timeout_s=3600, threads_per_rank=1) as pool:
-        concurrent = pool.run(one_device_on_every_rank, args.model, args.size, args.steps)
+        concurrent = pool.run(concurrently, args.model, args.size, args.steps)
         ceiling = args.nproc * base["latency_s"] / max(concurrent)
         print(f"host ceiling: {ceiling:.2f}x ({args.nproc} one-device jobs side by side: {max(concurrent):.1f} s)")
         for strategy in strategies:
