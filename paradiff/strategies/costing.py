@@ -77,6 +77,9 @@ class CostMachine:
         self.rate = hardware.rate(dtype)
         self.w = workload.per_step()
         self.calls = max(workload.calls_per_step // groups, 1)
+        #: Samples in one of this group's calls: a batched CFG call's halves go one to each group, two-call CFG's
+        #: calls each keep their batch.
+        self.samples_per_call = max(1, workload.batch * workload.calls_per_step // (groups * self.calls))
 
     def for_workload(self, workload) -> CostMachine:
         """The same machine and groups for another workload (one block pass of a window, say)."""

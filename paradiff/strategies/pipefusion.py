@@ -277,7 +277,7 @@ def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCos
 def _sync_step(m: CostMachine, n: int, stage: float, outside: float, boundary: float) -> float:
     """An exact step: each call's samples pass whole through the stages one after the other, so with S samples per
     call the stages work side by side on S + N − 1 slots of one sample each (one device's time when S = 1)."""
-    samples = max(1, m.one_call.batch * m.one_call.calls_per_step // (m.groups * m.calls))
+    samples = m.samples_per_call
     exchanges = m.calls * (n - 1) * samples
     if samples == 1:
         return m.compute(m.w.flops / m.groups, shared=False) + m.transfer(boundary * (n - 1), exchanges)
