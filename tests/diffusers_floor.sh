@@ -3,7 +3,9 @@
 #
 # That diffusers goes into its own environment, .floor-env/, layered over this one (it sees this
 # environment's packages, its own come first), so the newest diffusers installed here stays as it is.
-# pip resolves the floor's own dependencies there (diffusers < 0.41 needs huggingface_hub < 2).
+# pip resolves the floor together with the whole project there, so every package that shares the floor's
+# dependencies gets a version that accepts them (diffusers < 0.41 needs huggingface_hub < 2; a transformers released
+# after it may need a newer huggingface_hub, so transformers is resolved again there too), and `pip check` proves it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,8 +20,13 @@ python -m venv .floor-env
 site=$(.floor-env/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python -c 'import sysconfig; print("import site; site.addsitedir(%r)" % sysconfig.get_paths()["purelib"])' \
     > "$site/zz_parent_environment.pth"
-if ! .floor-env/bin/python -m pip install -q "diffusers==$floor"; then
-    echo "diffusers_floor.sh: could not install diffusers==$floor (the floor in pyproject.toml) into .floor-env" >&2
+if ! .floor-env/bin/python -m pip install -q "diffusers==$floor" -e ".[test]"; then
+    echo "diffusers_floor.sh: could not install diffusers==$floor (the floor in pyproject.toml) with paradiff's" \
+        "dependencies into .floor-env" >&2
+    exit 1
+fi
+if ! .floor-env/bin/python -m pip check; then
+    echo "diffusers_floor.sh: the packages in .floor-env conflict (above); pin the one pip could not resolve" >&2
     exit 1
 fi
 .floor-env/bin/python -c "
