@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import math
 import os
 import re
 import shlex
@@ -40,8 +41,9 @@ PROMPT = "a large red circle at the top left on a white background"
 
 
 @pytest.fixture(scope="module")
-def server():
-    started = ServerProcess(*ARGS, *LIMITS, key=KEY)
+def server(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("serve-cache")  # the staleness guard's calibrations: this server's own
+    started = ServerProcess(*ARGS, *LIMITS, key=KEY, env={"PARADIFF_CACHE_DIR": str(cache)})
     try:
         started.wait_ready()
         yield started
@@ -97,6 +99,48 @@ def test_auto_plans_a_request_shape_once(server):
     assert reused["strategy"] == planned["strategy"]
 
 
+def _psnr(one: np.ndarray, other: np.ndarray) -> float:
+    error = float(np.mean((one.astype(np.float64) - other) ** 2))
+    return math.inf if error == 0 else 10 * math.log10(255.0**2 / error)
+
+
+@pytest.mark.timeout(600)
+def test_a_request_holds_its_fidelity_floor_under_the_staleness_guard(server):
+    """The floor reaches the ranks' setting (warm-up 0, the guard on), the reply says which steps ran in sync, the
+    picture holds the floor against the exact one, the calibration is paid once per shape and floor, and a floor
+    above reach refreshes every step (exact)."""
+    same = {"strategy": "patch", "num_inference_steps": 8, "seed": 3, "size": "128x128"}
+    exact = _draw(server, **same, warmup_steps=8)
+    first, second = (_draw(server, **same, fidelity_floor_db=30) for _ in range(2))
+    above = _draw(server, **same, fidelity_floor_db=500)
+    replies = [exact, first, second, above]
+    assert all(reply.status_code == 200 for reply in replies), [reply.text for reply in replies]
+    reference = _pixels(exact.json()["data"][0]["b64_json"])
+    assert "guard" not in exact.json()["paradiff"]
+    report, again = first.json()["paradiff"], second.json()["paradiff"]
+    assert report["strategy"] == "patch fidelity_floor_db=30, warm-up 0", report
+    guard = report["guard"]
+    # step 0 runs in sync as every first step does; step 1 refreshes (one prediction: nothing measured yet)
+    assert guard["refreshed_steps"][0] == 1 and len(guard["refreshed_steps"]) < 7, guard  # some steps displaced
+    assert guard["calibration_seconds"] > 0 and guard["threshold_db"] is not None, guard
+    assert again["guard"]["calibration_seconds"] == 0 and again["guard"]["refreshed_steps"] == guard["refreshed_steps"]
+    assert _psnr(_pixels(first.json()["data"][0]["b64_json"]), reference) >= 30
+    assert above.json()["paradiff"]["guard"]["refreshed_steps"] == list(range(1, 8))
+    assert np.abs(_pixels(above.json()["data"][0]["b64_json"]) - reference).max() <= 1  # exact: 8-bit rounding
+
+
+@pytest.mark.timeout(600)
+def test_auto_keeps_the_floor_of_a_shape_it_planned(server):
+    """``auto`` with a floor runs its pick guarded, and so does the next request of the shape, without planning."""
+    asked = {"size": "64x128", "fidelity": "displaced", "fidelity_floor_db": 30, "num_inference_steps": 6}
+    first, second = _draw(server, **asked, seed=1), _draw(server, **asked, seed=2)
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    planned, reused = first.json()["paradiff"], second.json()["paradiff"]
+    assert planned["planning_seconds"] > 0 and reused["planning_seconds"] == 0
+    assert reused["strategy"] == planned["strategy"] and "fidelity_floor_db=30" in planned["strategy"], planned
+    assert ("guard" in planned) == ("guard" in reused), (planned, reused)  # a displaced pick: guarded both times
+
+
 def test_health_models_and_metrics_over_plain_http(server):
     health = httpx.get(f"{server.url}/health")  # no key needed
     assert health.status_code == 200 and health.json()["status"] == "ready" and health.json()["ranks"] == 2
@@ -127,6 +171,8 @@ BAD_INPUT = [
     ({"strategy": "ulysses"}, 400, "strategy", "cannot run here"),
     ({"seed": -1}, 400, "seed", "between 0 and"),
     ({"guidance_scale": "lots"}, 400, "guidance_scale", "must be a number"),
+    ({"fidelity_floor_db": 0}, 400, "fidelity_floor_db", "above 0 dB"),
+    ({"fidelity_floor_db": "high"}, 400, "fidelity_floor_db", "must be a number"),
 ]
 
 
@@ -295,6 +341,7 @@ def test_one_rank_serves_and_a_server_out_of_restarts_exits_1():
     [
         (["--port", "{busy}"], "cannot listen on 127.0.0.1:{busy}: Address already in use; pick another --port"),
         (["--strategy", "cfg", "--nproc", "3"], "strategy='cfg' runs the two CFG halves on 2 ranks, got a world of 3"),
+        (["--fidelity-floor", "-3"], "--fidelity-floor must be a positive number of dB (e.g. 30), got -3"),
     ],
 )
 def test_a_server_that_cannot_start_says_why_before_loading(args, says):

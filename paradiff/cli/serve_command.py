@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 
 from ..devices import DTYPES
 from ..errors import ParadiffError
@@ -56,12 +57,21 @@ def add_serve_parser(commands, formatter_class) -> None:
         "--max-batch", type=int, default=1, help="queued requests of one shape drawn in one call (1: no batching)"
     )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps of a request that sets none")
-    parser.add_argument("--warmup", type=int, default=4, help="warm-up steps of a request that sets none")
+    parser.add_argument(
+        "--warmup", type=int, default=4, help="warm-up steps of a request that sets none (0 under a fidelity floor)"
+    )
     parser.add_argument(
         "--fidelity",
         default="exact",
         choices=("exact", "displaced"),
         help="what auto may pick for a request that does not say: exact strategies only, or all",
+    )
+    parser.add_argument(
+        "--fidelity-floor",
+        type=float,
+        metavar="DB",
+        help="the PSNR floor against one device (e.g. 30) of a request that sets no fidelity_floor_db: a displaced "
+        "step whose reused results moved too far runs in sync; the first request of a shape calibrates how far",
     )
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"), help="where the ranks run")
     parser.add_argument(
@@ -115,6 +125,8 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
             raise ParadiffError(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if not 0 <= args.port <= 65535:
         raise ParadiffError(f"--port must be from 0 to 65535, got {args.port}")
+    if args.fidelity_floor is not None and not 0 < args.fidelity_floor < math.inf:
+        raise ParadiffError(f"--fidelity-floor must be a positive number of dB (e.g. 30), got {args.fidelity_floor:g}")
     if args.steps > args.max_steps:
         raise ParadiffError(f"--steps {args.steps} is above --max-steps {args.max_steps}")
     from ..strategies import strategy_names
@@ -137,6 +149,7 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
         steps=args.steps,
         warmup=args.warmup,
         fidelity=args.fidelity,
+        fidelity_floor=args.fidelity_floor,
         device=args.device,
         dtype=args.dtype,
         threads=threads_per_rank(args.threads, nproc),

@@ -36,6 +36,8 @@ class Request:
     output_format: str
     #: Whether the guidance runs (scale above 1): the CFG split needs it, and it changes a plan.
     guided: bool = True
+    #: The PSNR floor (dB against one device) the staleness guard holds (``fidelity_floor_db``); None: no guard.
+    floor: float | None = None
 
     @property
     def shape(self) -> tuple:
@@ -44,7 +46,15 @@ class Request:
 
     def batch_key(self) -> tuple:
         """Requests with equal keys can be drawn in one call: one shape, setting and guidance."""
-        return (*self.shape, self.guidance, self.strategy, self.warmup, self.fidelity, self.negative_prompt is None)
+        return (
+            *self.shape,
+            self.guidance,
+            self.strategy,
+            self.warmup,
+            self.fidelity,
+            self.floor,
+            self.negative_prompt is None,
+        )
 
 
 @dataclass(frozen=True)
@@ -60,9 +70,12 @@ class Drawn:
     planning_s: float = 0.0
     #: Requests drawn in the same call (batching), this one included.
     batch: int = 1
+    #: Under a fidelity floor: the steps the staleness guard refreshed, its threshold (None where it refreshes
+    #: every step) and the seconds that calibrated it (the first request of a shape); None without a floor.
+    guard: dict | None = None
 
     def report(self) -> dict:
-        return {
+        report = {
             "strategy": self.strategy,
             "seconds": round(self.seconds, 4),
             "bytes_per_step": round(self.bytes_per_step),
@@ -70,6 +83,7 @@ class Drawn:
             "planning_seconds": round(self.planning_s, 4),
             "batch": self.batch,
         }
+        return report if self.guard is None else {**report, "guard": self.guard}
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,11 @@ def label_of(options: dict) -> str:
         return "one device"
     name = options["strategy"]
     shown = {key: value for key, value in options.items() if key not in ("strategy", "warmup_steps")}
-    extra = "".join(f" {key}={value}" for key, value in shown.items() if value is not False)  # no cfg_parallel=False
+    extra = "".join(  # no cfg_parallel=False; a floor of 30.0 dB reads 30
+        f" {key}={value:g}" if isinstance(value, float) else f" {key}={value}"
+        for key, value in shown.items()
+        if value is not False
+    )
     warmup = "" if name == "auto" or always_exact(name) else f", warm-up {options['warmup_steps']}"
     return f"{name}{extra}{warmup}"
 
@@ -61,7 +65,12 @@ class Layout:
 
     @staticmethod
     def _plan_key(request: Request) -> tuple:
-        return (*request.shape, request.fidelity, request.warmup)
+        return (*request.shape, request.fidelity, request.warmup, request.floor)
+
+    @staticmethod
+    def _floor(request: Request) -> dict:
+        """The staleness guard's keyword for ``request``: its floor, held by whatever setting runs it."""
+        return {} if request.floor is None else {"fidelity_floor_db": request.floor}
 
     def setting_for(self, request: Request, asked: bool) -> Setting:
         """The setting ``request`` runs under (rank 0); ``asked``: the request named its strategy."""
@@ -72,9 +81,14 @@ class Layout:
             if known is not None:
                 options, why = known
                 return Setting(options, label_of(dict(options)), f"{why} (planned at an earlier request of this shape)")
-            options = {"strategy": "auto", "fidelity": request.fidelity, "warmup_steps": request.warmup}
+            options = {
+                "strategy": "auto",
+                "fidelity": request.fidelity,
+                "warmup_steps": request.warmup,
+                **self._floor(request),
+            }
             return Setting(_items(options), "auto", "")
-        options = {"strategy": request.strategy, "warmup_steps": request.warmup}
+        options = {"strategy": request.strategy, "warmup_steps": request.warmup, **self._floor(request)}
         why = "the request asked for it" if asked else f"the server's default (--strategy {self.default_strategy})"
         return Setting(_items(options), label_of(options), why)
 
@@ -95,7 +109,7 @@ class Layout:
         import paradiff
 
         choice = paradiff.plan_of(self.pipe)
-        picked = choice.prediction.parallelize_options()
+        picked = {**choice.prediction.parallelize_options(), **self._floor(request)}  # auto ran its pick guarded
         self.current = _items(picked)
         self.plans[self._plan_key(request)] = (self.current, choice.reason)
         return Setting(self.current, label_of(picked), choice.reason)

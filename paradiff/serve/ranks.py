@@ -13,6 +13,7 @@ A refusal the ranks reach alike (a :class:`~paradiff.errors.ParadiffError` from 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from datetime import timedelta
 
@@ -140,11 +141,26 @@ def _draw(pipe, settings: ServeSettings, layout: Layout, batch: Batch, setting: 
         setting = layout.learn(batch.requests[0], setting)
     if rank != 0:
         return None
-    moved = paradiff.comm_stats(pipe)["bytes_per_step"] if layout.current else 0.0
-    return _drawn(result, batch, setting, seconds, planning_s, moved)
+    stats = paradiff.comm_stats(pipe) if layout.current else {}
+    return _drawn(result, batch, setting, seconds, planning_s, stats.get("bytes_per_step", 0.0), _guard(stats))
 
 
-def _drawn(result, batch: Batch, setting: Setting, seconds: float, planning_s: float, moved: float) -> list[Drawn]:
+def _guard(stats: dict) -> dict | None:
+    """What the staleness guard did in the call, for the reply: plain JSON (no infinite threshold)."""
+    guard = stats.get("guard")
+    if guard is None:
+        return None
+    threshold = guard["threshold_db"]
+    return {
+        "refreshed_steps": list(guard["refreshed_steps"]),
+        "threshold_db": threshold if threshold is not None and math.isfinite(threshold) else None,
+        "calibration_seconds": round(guard["calibration_s"], 4),
+    }
+
+
+def _drawn(
+    result, batch: Batch, setting: Setting, seconds: float, planning_s: float, moved: float, guard: dict | None
+) -> list[Drawn]:
     import numpy as np
 
     from .media import encode
@@ -164,6 +180,7 @@ def _drawn(result, batch: Batch, setting: Setting, seconds: float, planning_s: f
                 setting.why,
                 planning_s,
                 len(batch.requests),
+                guard,
             )
         )
     return drawn

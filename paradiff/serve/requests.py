@@ -31,10 +31,13 @@ PARADIFF_FIELDS = (
     "strategy",
     "warmup_steps",
     "fidelity",
+    "fidelity_floor_db",
 )
 VIDEO_FIELDS = ("num_frames",)
 SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 SEED_LIMIT = 2**63 - 1
+#: The highest PSNR floor a request may ask: far above what any displaced step reaches (such a floor is exact).
+FLOOR_LIMIT_DB = 1000.0
 
 
 def _text(body: dict, name: str, limit: int, required: bool = False) -> str | None:
@@ -155,6 +158,14 @@ def _strategy(body: dict, card: ModelCard, settings: ServeSettings, height: int,
     return strategy, asked
 
 
+def _floor(body: dict, settings: ServeSettings) -> float | None:
+    """The request's PSNR floor: its own ``fidelity_floor_db``, else the server's ``--fidelity-floor``."""
+    floor = _number(body, "fidelity_floor_db", 0.0, FLOOR_LIMIT_DB)
+    if floor == 0:
+        raise ApiError(400, "fidelity_floor_db must be above 0 dB (e.g. 30)", "fidelity_floor_db")
+    return settings.fidelity_floor if floor is None else floor
+
+
 def _common(body: dict, card: ModelCard, settings: ServeSettings, kind: str) -> dict:
     """The fields images and videos share, checked."""
     limits = settings.limits
@@ -170,6 +181,7 @@ def _common(body: dict, card: ModelCard, settings: ServeSettings, kind: str) -> 
     seed = _integer(body, "seed", 0, SEED_LIMIT)
     warmup = _integer(body, "warmup_steps", 0, limits.steps)
     fidelity = _choice(body, "fidelity", ("exact", "displaced"), settings.fidelity)
+    floor = _floor(body, settings)
     strategy, asked = _strategy(body, card, settings, height, body.get("size") or f"{width}x{height}")
     guided = guidance is None or guidance > 1
     if strategy == "cfg" and card.nproc > 1 and not guided:
@@ -190,8 +202,9 @@ def _common(body: dict, card: ModelCard, settings: ServeSettings, kind: str) -> 
         "guidance": guidance,
         "seed": secrets.randbelow(2**32) if seed is None else seed,
         "strategy": strategy,
-        "warmup": settings.warmup if warmup is None else warmup,
+        "warmup": (settings.warmup if floor is None else 0) if warmup is None else warmup,
         "fidelity": fidelity,
+        "floor": floor,
         "guided": guided,
         "asked": asked,
     }

@@ -46,6 +46,8 @@ class ServeSettings:
     steps: int = 20
     warmup: int = 4
     fidelity: str = "exact"
+    #: The PSNR floor (dB against one device) of a request that sets none; None: fixed warm-ups only.
+    fidelity_floor: float | None = None
     device: str = "auto"
     dtype: str = "auto"
     threads: int = 1
