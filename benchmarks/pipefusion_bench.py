@@ -6,7 +6,8 @@
 One device first (this process, 1 thread), then each strategy on N gloo ranks (1 thread each), all on
 the same bench-size pipeline (``paradiff.tiny``, size "bench") with the same prompt and seed:
 diffusers' own Ulysses (``ulysses``), displaced patch parallelism (``patch``), PipeFusion flowing from
-call to call (``pipefusion``) and draining at every call (``pipefusion-drain``, ``pipefusion_flow=False``),
+call to call (``pipefusion``), the same with its exact calls in row bands on every rank (``pipefusion-rows``,
+``pipefusion_sync="sequence"``), draining at every call (``pipefusion-drain``, ``pipefusion_flow=False``),
 and the CFG split (``cfg``, 2 ranks only). Per strategy: latency and speedup over one device, bytes
 sent per step by the busiest rank, time blocked on communication (busiest rank), peak resident
 memory per rank during the call (the largest rank's; Linux VmHWM, reset before the call) and the
@@ -68,7 +69,10 @@ def one_device(family: str, size: int, steps: int) -> dict:
 
 
 #: Labels of settings that are a strategy with options: the label, the strategy, the options.
-VARIANTS = {"pipefusion-drain": ("pipefusion", {"pipefusion_flow": False})}
+VARIANTS = {
+    "pipefusion-drain": ("pipefusion", {"pipefusion_flow": False}),
+    "pipefusion-rows": ("pipefusion", {"pipefusion_sync": "sequence"}),
+}
 
 
 def on_ranks(family: str, size: int, steps: int, label: str, warmup: int, patches: int | None) -> dict:

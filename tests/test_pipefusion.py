@@ -118,6 +118,65 @@ def test_cfg_times_pipefusion_is_exact_at_4_ranks(pool4):
     assert all(r["stats"]["flow"]["stopped"] == CFG_HALVES_DRAIN for r in results)  # the halves are apart
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
+def test_exact_in_row_bands_at_2_ranks(pool2, family):
+    """``pipefusion_sync="sequence"``: exact calls run every block on each rank's band of rows, gathering each
+    attention layer's K/V; equal to one device, with every block kept on every rank and no stage transfers."""
+    steps = 2
+    results = pool2.run(
+        pipefusion_vs_one_device, family, 64, steps, warmup=steps, pipefusion_sync="sequence", output_type="latent"
+    )
+    check_exact_and_restored(results, steps)
+    for result in results:
+        assert result["resident"]["blocks"] == result["before"]["blocks"]  # nothing released
+        assert result["stats"]["sync_layer_exchanges"] > 0
+        assert {row["stage_transfers"] for row in result["stats"]["per_step"]} == {0}
+
+
+@pytest.mark.timeout(300)
+def test_exact_in_row_bands_at_4_ranks(pool4):
+    steps = 2
+    results = pool4.run(
+        pipefusion_vs_one_device,
+        "pixart",
+        64,
+        steps,
+        warmup=steps,
+        blocks=4,
+        pipefusion_sync="sequence",
+        output_type="latent",
+    )
+    check_exact_and_restored(results, steps)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("family", ["pixart", "flux"])
+def test_displaced_calls_after_row_band_warm_up_are_the_stages_ones(pool2, family):
+    """The warm-up in row bands leaves each stage's K/V buffers as the stage pipeline's warm-up does (within float
+    round-off), so the displaced calls after it compute what they compute after the stages' warm-up."""
+    steps, warmup, blocks = 4, 1, 4
+    runs = {
+        sync: pool2.run(
+            pipefusion_vs_one_device,
+            family,
+            128,
+            steps,
+            warmup=warmup,
+            blocks=blocks,
+            pipefusion_sync=sync,
+            output_type="latent",
+        )
+        for sync in ("stages", "sequence")
+    }
+    for stages, sequence in zip(runs["stages"], runs["sequence"], strict=True):
+        assert stages["max_error"] > 1e-6  # displaced: not one device's
+        scale = np.abs(stages["image"]).max()
+        assert np.abs(stages["image"] - sequence["image"]).max() <= 1e-5 * scale
+    assert _per_step(runs["sequence"][0])[steps - 1]["stage_transfers"] == 4  # displaced: stage 0 sends 4 patches
+    np.testing.assert_array_equal(runs["sequence"][0]["image"], runs["sequence"][1]["image"])
+
+
 def edited_latents(edit_at: int, steps: int, warmup: int) -> dict:
     """This rank's final latents, flowing and draining, with a callback that scales the latents after step
     ``edit_at``, and the flowing run's ``flow`` counters."""
@@ -257,6 +316,12 @@ def test_rows_that_do_not_divide_into_patches_fail_clearly(pool2):
     )
     results = pool2.run(expect_error, "pixart", "height=64", strategy="pipefusion", pipefusion_patches=3)
     assert results == [message, message]
+    bands = (
+        "pipefusion_sync='sequence' runs exact calls in bands of whole token rows, one per rank, but height 48 has 3 "
+        "rows of 16 pixels, which is not divisible by 2 ranks; use height 32 or 64"
+    )
+    results = pool2.run(expect_error, "pixart", "height=48", strategy="pipefusion", pipefusion_sync="sequence")
+    assert results == [bands, bands]
 
 
 @pytest.mark.parametrize(
@@ -303,6 +368,7 @@ def test_rows_that_do_not_divide_into_patches_fail_clearly(pool2):
             {"pipefusion_stages": (2,)},
             r"pipefusion_stages=\[2\] gives 1 stages, but the pipeline has 2 \(one per rank\)",
         ),
+        ("pixart", 2, {"pipefusion_sync": "rows"}, r"pipefusion_sync must be one of 'stages', 'sequence', got 'rows'"),
     ],
 )
 def test_unsupported_runs_fail_before_any_collective(monkeypatch, family, world, options, message):

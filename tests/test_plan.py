@@ -225,6 +225,14 @@ def test_pipefusion_flowing_draining_and_the_patches_the_plan_chooses():
     single = _workload(kv_bytes=4e8, attention_layers=2, batch=1)
     one = predict(single, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_patches=4)
     assert one.predicted_step_s == pytest.approx((1.0 + 1e-3 + 20 * stage_s + stage_s / 4) / 21)
+    # exact steps in row bands: half the tokens through every block on each rank, waiting for the other band's
+    # keys and values (half of them) and the blocks' output band; every rank keeps the whole model
+    rows = predict(w, HARDWARE, "float16", "pipefusion", 2, 21, 0, pipefusion_patches=4, pipefusion_sync="sequence")
+    gathered = (4e8 + 1e6) / 2
+    assert rows.predicted_step_s == pytest.approx((0.5 + gathered / 1e9 + 20 * stage_s + stage_s / 4) / 21)
+    assert rows.memory_mb == pytest.approx((1000 * 2 + 2e8 * (1 + 1 / 4)) / 2**20)
+    assert rows.bytes_per_step == pytest.approx((gathered + 21 * flow.bytes_per_step - 1e6) / 21)  # flow's: 1 MB
+    assert rows.label == "pipefusion pipefusion_patches=4 pipefusion_sync=sequence"
 
 
 def test_a_setting_whose_memory_per_rank_exceeds_a_device_is_marked_and_never_picked():

@@ -103,6 +103,14 @@ def test_a_stage_loaded_pipeline_runs_only_as_it_was_loaded(tmp_path, monkeypatc
     assert refused(folder, strategy="pipefusion") == "accepted"
 
 
+def test_a_stage_loaded_pipeline_cannot_run_exact_calls_in_row_bands(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    folder = str(tmp_path / "pixart")
+    save_tiny("pixart", folder)
+    message = refused(folder, strategy="pipefusion", pipefusion_sync="sequence")
+    assert "pipefusion_sync='sequence' runs every block on every rank" in message and "load the whole" in message
+
+
 def test_loading_by_stage_needs_stages_and_safetensors(tmp_path):
     folder = tmp_path / "pixart"
     save_tiny("pixart", str(folder))

@@ -34,7 +34,7 @@ from ..layers.batch_split import batch_rows
 from ..layers.sdpa_kv import JointText
 from ..layers.split import output_sample, replace_output_sample
 from ..models.base import BlockStack, DenoiserFamily, Grid, bind_inputs, map_by_spec
-from ..runtime.comm import Communicator
+from ..runtime.comm import SYNC, Communicator
 from ..runtime.step_state import RowPartition
 from .flow import Bypass, KVUndo, StageFlow, StageInputs
 from .next_call import NextCall
@@ -85,11 +85,19 @@ class PatchKV:
     processors must not modify the returned keys and values in place (the stock ones do not).
     """
 
-    def __init__(self, comm: Communicator, name: str, undo: KVUndo):
-        self.comm, self.name, self.undo = comm, name, undo
+    def __init__(self, comm: Communicator, name: str, call: PipelineCall, keeps: bool = True):
+        self.comm, self.name, self.call = comm, name, call
+        #: Whether the layer is this rank's stage's, whose buffer displaced calls read; another stage's layer runs
+        #: here only in an exact call in row bands, which gathers its K/V and keeps nothing.
+        self.keeps = keeps
 
     def complete(self, local: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
         state = self.comm.state
+        if self.call.sequence:  # an exact call in row bands: this step's K/V of every band
+            whole = self.comm.all_gather_output(local, token_dim, kind=SYNC)
+            if self.keeps:
+                state.exchange(self.name, KVSlot).tensor = whole
+            return whole
         part, slot = state.partition, state.exchange(self.name, KVSlot)
         if part.parts == 1 and part.samples is None:
             slot.tensor = local
@@ -100,7 +108,7 @@ class PatchKV:
             slot.tensor[part.samples] = local
             return local
         target = slot.tensor.narrow(token_dim, part.row_start * part.cols, part.band_tokens)
-        self.undo.keep(target)
+        self.call.undo.keep(target)
         target.copy_(local)
         return slot.tensor
 
@@ -138,9 +146,22 @@ class PipelineCall:
     ``flows`` (and ``why_not_flowing`` when it is False) says whether calls may flow into the next one.
     """
 
-    def __init__(self, comm: Communicator, stack: BlockStack, stage: Stage, flows: bool, why_not_flowing: str = ""):
+    def __init__(
+        self,
+        comm: Communicator,
+        stack: BlockStack,
+        stage: Stage,
+        flows: bool,
+        why_not_flowing: str = "",
+        whole: Stage | None = None,
+    ):
         self.comm, self.stack, self.stage = comm, stack, stage
         self.flows, self.why_not_flowing = flows, why_not_flowing
+        #: Every block, when exact calls run in row bands on every rank (``pipefusion_sync="sequence"``); None when
+        #: they pass the stages.
+        self.whole = whole
+        #: Whether the running call is exact in row bands.
+        self.sequence = False
         self.patches = 1
         self.undo = KVUndo()
         self.forecast: NextCall | None = None
@@ -155,6 +176,17 @@ class PipelineCall:
     def filled(self) -> bool:
         """Whether the current call slot has run once (its K/V buffers hold the whole image)."""
         return self.comm.state.exchange("paradiff.pipefusion.filled", KVFilled).value
+
+    def sequence_pass(self, entry: nn.Module, bound: inspect.BoundArguments):
+        """An exact call in row bands: every block on this rank's band of the image tokens (each attention layer
+        gathers this step's keys and values of every band, :class:`PatchKV`), then the bands gathered; returns
+        what the model's forward expects of ``entry``, the first block."""
+        comm, stack = self.comm, self.stack
+        inputs = StageInputs.of(stack, bound)
+        per_band = inputs.image.shape[1] // comm.size
+        band = inputs.image[:, comm.rank * per_band : (comm.rank + 1) * per_band]
+        x, t = self.whole.run_patch(inputs, comm.rank, comm.size, band, inputs.text)
+        return block_output(stack, entry, comm.all_gather_output(x, 1, kind=SYNC), t)
 
 
 class PipelineCallHook(CallContextHook):
@@ -185,8 +217,12 @@ class PipelineCallHook(CallContextHook):
         state.enter_call(self.context.name, inputs[family.timestep_arg])
         if call.forecast is not None:
             call.forecast.observe_call(self.context.name, inputs)
-        call.stage.grid = grid
-        call.patches = patches if call.filled() and not state.synchronous else 1
+        exact = not call.filled() or state.synchronous
+        call.sequence = exact and call.whole is not None
+        for stage in (call.stage, call.whole):
+            if stage is not None:
+                stage.grid = grid
+        call.patches = 1 if exact else patches
         call.signature, call.forward = bound.signature, self._beneath
         call.flow.begin_call()
         self.started = time.perf_counter()
@@ -224,17 +260,25 @@ class PassThroughHook(ModelHook):
 
 class StageEntryHook(ModelHook):
     """On the first block of this rank's stage: runs the stage over the call's patches (:mod:`.flow`), or, in a
-    forward around the blocks, records the stage's inputs and hands them on."""
+    forward around the blocks, records the stage's inputs and hands them on. In an exact call in row bands the
+    hook on the first block of all (``stack_first``) runs every block instead, and the others hand their input on.
+    """
 
-    def __init__(self, call: PipelineCall):
+    def __init__(self, call: PipelineCall, stage_first: bool = True, stack_first: bool = False):
         super().__init__()
-        self.call = call
+        self.call, self.stage_first, self.stack_first = call, stage_first, stack_first
 
     def new_forward(self, module, *args, **kwargs):
+        call = self.call
         bound = bind_inputs(module, args, kwargs)
-        if self.call.bypass is not None:
-            return self.call.bypass.at_entry(module, bound)
-        return self.call.flow.run(module, bound)
+        if call.sequence and self.stack_first:
+            return call.sequence_pass(module, bound)
+        if call.sequence or not self.stage_first:
+            inputs = bound.arguments
+            return block_output(call.stack, module, inputs[call.stack.image_arg], inputs.get(call.stack.text_arg))
+        if call.bypass is not None:
+            return call.bypass.at_entry(module, bound)
+        return call.flow.run(module, bound)
 
 
 class Stage:

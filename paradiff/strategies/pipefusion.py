@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,9 @@ from .base import Strategy, StrategyOptions, is_count, is_counts
 from .costing import CostMachine, CostSetting, StepCost, balanced_sums
 from .installation import Installation
 
+#: How exact calls run (``pipefusion_sync``): through the stages, or in row bands on every rank.
+SYNC_MODES = ("stages", "sequence")
+
 
 @dataclass(frozen=True)
 class PipeFusionOptions(StrategyOptions):
@@ -84,15 +88,25 @@ class PipeFusionOptions(StrategyOptions):
         pipefusion_flow: after warm-up, start the next denoiser call's first patches while the last stage finishes
             this call's (True, default: each rank idles only while the pipeline first fills), or drain the pipeline
             at the end of every call (False). Both compute the same result.
+        pipefusion_sync: how exact calls (warm-up, refreshes) run. ``"stages"`` (default): each sample of the call
+            passes whole through the stages, and each rank keeps only its stage's block weights. ``"sequence"``:
+            every rank keeps every block and runs the exact call on its band of token rows, gathering each
+            attention layer's keys and values of this step from the other bands, N times less compute per rank
+            than one device for the weights of the whole model on every rank. Both compute the same result.
     """
 
     pipefusion_patches: int | None = None
     pipefusion_stages: tuple[int, ...] | None = None
     pipefusion_flow: bool = True
+    pipefusion_sync: str = "stages"
 
     def __post_init__(self):
         if not isinstance(self.pipefusion_flow, bool):
             raise ParadiffError(f"pipefusion_flow must be True or False, got {self.pipefusion_flow!r}")
+        if self.pipefusion_sync not in SYNC_MODES:
+            raise ParadiffError(
+                f"pipefusion_sync must be one of {', '.join(map(repr, SYNC_MODES))}, got {self.pipefusion_sync!r}"
+            )
         patches, stages = self.pipefusion_patches, self.pipefusion_stages
         if patches is not None and not is_count(patches, 1):
             raise ParadiffError(f"pipefusion_patches must be None or an integer >= 1, got {patches!r}")
@@ -113,8 +127,8 @@ class PipeFusionStrategy(Strategy):
     needs = (Capability.BLOCK_CHAIN,)
     follows_model_changes = False
 
-    #: Draining at every call is predicted beside flowing (the default).
-    plan_variants = (((("pipefusion_flow", False),), 2),)
+    #: Draining at every call, and exact calls in row bands, are predicted beside the defaults.
+    plan_variants = (((("pipefusion_flow", False),), 2), ((("pipefusion_sync", "sequence"),), 2))
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
@@ -123,15 +137,18 @@ class PipeFusionStrategy(Strategy):
         forward around the blocks per patch worked out ahead on the first and the last stage, a vote per call
         and the next latents sent from the last stage to the first, and the N − 1 slots of filling the pipeline
         once; under the CFG split each call drains (its next latent needs both halves). Exact steps pass each
-        sample of a call whole (``_sync_step``). Without ``pipefusion_patches`` the plan chooses the M (a divisor
-        of the token rows, at least N) whose loop is fastest."""
+        sample of a call whole (``_sync_step``), or with ``pipefusion_sync="sequence"`` run 1/N of the tokens on
+        every rank and gather every attention layer's keys and values and the bands (``_sequence_step``), every
+        rank then holding every block. Without ``pipefusion_patches`` the plan chooses the M (a divisor of the
+        token rows, at least N) whose loop is fastest."""
         flows = setting.options.get("pipefusion_flow", True) and m.groups == 1
+        sequence = setting.options.get("pipefusion_sync", "stages") == "sequence"
         patches = setting.options.get("pipefusion_patches")
         if patches is not None:
-            return _pipeline_step(m, n, patches, flows)
+            return _pipeline_step(m, n, patches, flows, sequence)
         rows = m.w.token_rows
-        costs = [_pipeline_step(m, n, p, flows) for p in range(n, rows + 1) if rows % p == 0] or [
-            _pipeline_step(m, n, default_patches(rows, n), flows)
+        costs = [_pipeline_step(m, n, p, flows, sequence) for p in range(n, rows + 1) if rows % p == 0] or [
+            _pipeline_step(m, n, default_patches(rows, n), flows, sequence)
         ]
         displaced = max(setting.displaced, 1)
         best = min(costs, key=lambda cost: displaced * cost.displaced_s + cost.fill_s)
@@ -168,6 +185,12 @@ class PipeFusionStrategy(Strategy):
             )
         if not family.split_by_plan:  # every attention layer, not only a rank's own stage's: all ranks refuse alike
             plan_kv_completion(family, family.self_attention(denoiser), lambda name: (None, None), cls.name)
+        if config.options.pipefusion_sync == "sequence" and loaded_stage(denoiser) is not None:
+            raise ParadiffError(
+                "pipefusion_sync='sequence' runs every block on every rank, but this pipeline was loaded with one "
+                "stage's blocks per rank (load_stage_pipeline); load the whole pipeline, or leave pipefusion_sync "
+                "at 'stages'"
+            )
         stages = config.options.pipefusion_stages
         if stages is not None and sum(stages) != count:
             raise ParadiffError(
@@ -180,7 +203,17 @@ class PipeFusionStrategy(Strategy):
         pixels = family_of(denoiser).pixels_per_row(denoiser, vae_scale_factor)
         if height % pixels:
             raise ParadiffError(f"height {height} is not a multiple of {pixels} pixels per row of tokens")
-        plan_patches(height // pixels, self.options.pipefusion_patches, degree, pixels)
+        rows = height // pixels
+        plan_patches(rows, self.options.pipefusion_patches, degree, pixels)
+        if self.options.pipefusion_sync == "sequence" and rows % degree:
+            step = degree * pixels
+            lower = rows // degree * step
+            heights = f"{lower} or {lower + step}" if lower else str(step)
+            raise ParadiffError(
+                f"pipefusion_sync='sequence' runs exact calls in bands of whole token rows, one per rank, but height "
+                f"{height} has {rows} rows of {pixels} pixels, which is not divisible by {degree} ranks; use height "
+                f"{heights}"
+            )
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
@@ -195,18 +228,24 @@ class PipeFusionStrategy(Strategy):
         installed = PipeFusionInstallation(denoiser, self.name, comm, blocks, cut)
         block_hooks = {i: PassThroughHook(stack) for i in range(len(blocks)) if i != first}
 
-        def stage_forwards() -> list:  # the blocks' own forwards, beneath the hooks registered below
-            return [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in mine]
+        def forwards(indices) -> Callable[[], list]:  # the blocks' own forwards, beneath the hooks registered below
+            return lambda: [(blocks[i], block_hooks[i].fn_ref.original_forward) for i in indices]
 
         flows, why = self.flows(comm)
-        call = installed.call = PipelineCall(comm, stack, Stage(stack, comm, stage_forwards), flows, why)
+        sequence = self.options.pipefusion_sync == "sequence"
+        whole = Stage(stack, comm, forwards(range(len(blocks)))) if sequence else None
+        call = installed.call = PipelineCall(comm, stack, Stage(stack, comm, forwards(mine)), flows, why, whole)
+        own_modules = {id(m) for i in mine for m in blocks[i].modules()}
+        keeps: dict[str, bool] = {}
 
         def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:
             prefix = f"{installed.hook_name}.{name}"
-            return PatchKV(comm, f"{prefix}.k", call.undo), PatchKV(comm, f"{prefix}.v", call.undo)
+            return tuple(PatchKV(comm, f"{prefix}.{p}", call, keeps[name]) for p in "kv")
 
-        own_modules = {id(m) for i in mine for m in blocks[i].modules()}
-        layers = [(name, attn) for name, attn in family.self_attention(denoiser) if id(attn) in own_modules]
+        for name, attn in family.self_attention(denoiser):  # in row bands every layer runs here; else the stage's
+            if id(attn) in own_modules or sequence:
+                keeps[name] = id(attn) in own_modules
+        layers = [(name, attn) for name, attn in family.self_attention(denoiser) if name in keeps]
         if family.split_by_plan:  # K/V completed where attention is computed, whatever the processor
             text = PatchText(comm, family.joint_text_first)
             kv_hooks = [(attn, SDPACompletionHook(name, self.name, kv_pair, text)) for name, attn in layers]
@@ -215,7 +254,9 @@ class PipeFusionStrategy(Strategy):
             kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
 
         installed.hook(denoiser, PipelineCallHook(family, call, self.options.pipefusion_patches, vae_scale_factor))
-        block_hooks[first] = StageEntryHook(call)
+        block_hooks[first] = StageEntryHook(call, stack_first=first == 0)
+        if sequence and first:
+            block_hooks[0] = StageEntryHook(call, stage_first=False, stack_first=True)
         for index, block in enumerate(blocks):
             installed.hook(block, block_hooks[index])
         for module, layer_hook in kv_hooks:
@@ -228,7 +269,7 @@ class PipeFusionStrategy(Strategy):
             projections.append((family.prompt_embedder, denoiser.get_submodule(family.prompt_embedder)))
         for name, projection in projections:
             installed.hook(projection, PromptProjectionHook(comm, f"{installed.hook_name}.{name}"))
-        installed.released = release_other_stages(denoiser, blocks, cut, comm.rank)
+        installed.released = {} if sequence else release_other_stages(denoiser, blocks, cut, comm.rank)
         installed.on_remove(installed.restore)
         return installed.done()
 
@@ -243,22 +284,25 @@ class PipeFusionStrategy(Strategy):
         return True, ""
 
 
-def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCost:
-    """The step of N = ``n`` stages over ``patches`` patches per call, flowing from call to call or draining."""
+def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool, sequence: bool = False) -> StepCost:
+    """The step of N = ``n`` stages over ``patches`` patches per call, flowing from call to call or draining;
+    exact steps in row bands with ``sequence``."""
     w, groups, calls = m.w, m.groups, m.calls
     stage = max(balanced_sums(tuple(f / groups for f in w.unit_flops), n))
     outside = (w.flops - w.stack_flops) / groups  # embeddings and head: every rank, every call
     boundary = max(w.unit_output_bytes, default=0.0) / groups
     slot = m.compute(stage / (calls * patches), calls=1 / (n * calls))  # one patch through one stage
-    sync = _sync_step(m, n, stage, outside, boundary)
+    sync, sync_bytes = (
+        _sequence_step(m, n, outside, boundary) if sequence else (_sync_step(m, n, stage, outside, boundary), boundary)
+    )
     transfer = m.transfer(boundary, calls * patches)
     kv = w.kv_bytes / groups / n  # this stage's layers' buffers of the whole image, per call of a step
-    weights = (w.params - w.stack_params + w.stack_params / n) * w.itemsize
+    weights = (w.params if sequence else w.params - w.stack_params + w.stack_params / n) * w.itemsize
     if not flows:
         compute = calls * (patches + n - 1) * slot + m.compute(outside, calls=0)
         memory = weights + kv
         return StepCost(
-            sync, m.displaced(compute, transfer), boundary, boundary, memory, 0.0, {"pipefusion_patches": patches}
+            sync, m.displaced(compute, transfer), sync_bytes, boundary, memory, 0.0, {"pipefusion_patches": patches}
         )
     around = m.compute(outside / calls, calls=0) + m.hw.call_overhead_s  # a forward around the blocks
     latents = w.latent_bytes / groups  # the next latent, from the last stage to the first, per worked-out patch
@@ -269,9 +313,8 @@ def _pipeline_step(m: CostMachine, n: int, patches: int, flows: bool) -> StepCos
     transfer += m.transfer(latents * (n - 1), calls * (n - 1))
     memory = weights + kv * (1 + (n - 1) / patches)  # + what the patches worked out ahead overwrite, kept to undo
     nbytes = max(boundary, latents * (n - 1))  # the busiest rank: a stage's patches, or the last stage's latents
-    return StepCost(
-        sync, m.displaced(compute, transfer), boundary, nbytes, memory, (n - 1) * slot, {"pipefusion_patches": patches}
-    )
+    chosen = {"pipefusion_patches": patches}
+    return StepCost(sync, m.displaced(compute, transfer), sync_bytes, nbytes, memory, (n - 1) * slot, chosen)
 
 
 def _sync_step(m: CostMachine, n: int, stage: float, outside: float, boundary: float) -> float:
@@ -283,6 +326,16 @@ def _sync_step(m: CostMachine, n: int, stage: float, outside: float, boundary: f
         return m.compute(m.w.flops / m.groups, shared=False) + m.transfer(boundary * (n - 1), exchanges)
     piece = m.compute(stage / (m.calls * samples), calls=1 / (n * m.calls * samples))
     return m.calls * (samples + n - 1) * piece + m.compute(outside, calls=0) + m.transfer(boundary * (n - 1), exchanges)
+
+
+def _sequence_step(m: CostMachine, n: int, outside: float, boundary: float) -> tuple[float, float]:
+    """Seconds and bytes sent of an exact step in row bands: 1/N of the blocks' tokens on every rank (the
+    embeddings and head whole), each attention layer's keys and values of the other bands and the blocks' output
+    bands gathered, waited for."""
+    w = m.w
+    blocks = m.compute((w.flops / m.groups - outside) / n) + m.compute(outside, calls=0)
+    nbytes = (w.kv_bytes + boundary * m.calls) / m.groups * (n - 1) / n
+    return blocks + m.transfer(nbytes, m.calls * (2 * w.attention_layers + 1)), nbytes
 
 
 def default_patches(token_rows: int, stages: int) -> int:
