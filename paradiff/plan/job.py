@@ -144,7 +144,9 @@ def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dic
     for strategy in _candidates(job):
         tried = [(False, ()), (True, ())]
         variants = strategy_class(strategy).plan_variants
-        tried += [(False, options) for options, least in variants if job.nproc >= least]
+        for options, least, *also_split in variants:
+            if job.nproc >= least:
+                tried += [(False, options), *([(True, options)] if also_split and also_split[0] else [])]
         settings = []
         for cfg_parallel, options in tried:
             alone = strategy_class(strategy).cfg_split_alone

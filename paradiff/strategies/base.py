@@ -92,8 +92,9 @@ class Strategy:
     #: Whether it can re-install on a model whose layers were replaced after ``parallelize`` (a LoRA loaded,
     #: QKV fused): False for a strategy whose ranks each keep only a stage of the model.
     follows_model_changes: ClassVar[bool] = True
-    #: Option settings a plan predicts besides the defaults, each with the least ranks it needs:
-    #: ``((("asyncdiff_stride", 2),), 3)``.
+    #: Option settings a plan predicts besides the defaults, each with the least ranks it needs and, optionally,
+    #: whether the plan also predicts it under the CFG split: ``((("asyncdiff_stride", 2),), 3)``,
+    #: ``((("pipefusion_sync", "sequence"),), 2, True)``.
     plan_variants: ClassVar[tuple] = ()
 
     def __init__(self, options: StrategyOptions | None = None, groups: MeshGroups | None = None):

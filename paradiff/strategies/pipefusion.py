@@ -5,7 +5,9 @@ contiguous stages of about equal measured cost (``stage_cut``), or as ``pipefusi
 Rank ``s`` keeps only stage ``s``'s block parameters; the embeddings and the head stay on every rank.
 Warm-up calls pass the whole sequence through the stages (exact), each sample of the call's batch on its own
 (the samples of a batch never meet, so stage 1 works on sample 0 while stage 0 starts sample 1: with CFG's
-two samples, 2 ranks finish a warm-up call in 3 half-calls' time, not 4); later calls pass M patches
+two samples, 2 ranks finish a warm-up call in 3 half-calls' time, not 4), or with ``pipefusion_sync="sequence"``
+run every block on each rank's band of token rows, which costs 1/N of the compute but keeps every block on every
+rank (the bands' K/V gathered layer by layer also fill the stage's buffers); later calls pass M patches
 of whole token rows, which keeps every stage busy once the pipeline is full, with each attention layer
 attending to a buffer of the whole image's K/V, one step stale outside the patches already done
 (``paradiff.stages.blocks``). The family (``paradiff.models``) says where the blocks are and what
@@ -127,8 +129,9 @@ class PipeFusionStrategy(Strategy):
     needs = (Capability.BLOCK_CHAIN,)
     follows_model_changes = False
 
-    #: Draining at every call, and exact calls in row bands, are predicted beside the defaults.
-    plan_variants = (((("pipefusion_flow", False),), 2), ((("pipefusion_sync", "sequence"),), 2))
+    #: Draining at every call, and exact calls in row bands (also under the CFG split, where every call drains
+    #: anyway), are predicted beside the defaults.
+    plan_variants = (((("pipefusion_flow", False),), 2), ((("pipefusion_sync", "sequence"),), 2, True))
 
     @classmethod
     def step_cost(cls, m: CostMachine, n: int, setting: CostSetting) -> StepCost:
