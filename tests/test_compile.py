@@ -45,7 +45,7 @@ class CountingBackend:
         return run
 
 
-def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: str) -> dict:
+def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: str, options: dict) -> dict:
     """The largest difference of the compiled call from the same call uncompiled (one device when exact)."""
     pipe = build_pipeline(FAMILY)
 
@@ -58,7 +58,7 @@ def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: 
 
     exact = warmup_steps >= STEPS
     reference = draw() if exact else None
-    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup_steps)
+    pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup_steps, **options)
     if not exact:
         reference = draw()
     backend = CountingBackend(backend_name)
@@ -78,22 +78,25 @@ def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("strategy", "warmup_steps", "backend_name"),
+    ("strategy", "warmup_steps", "backend_name", "options"),
     [
-        ("cfg", STEPS, "inductor"),
-        ("ulysses", STEPS, "aot_eager"),
-        ("pipefusion", STEPS, "aot_eager"),
-        ("pipefusion", 1, "aot_eager"),
+        ("cfg", STEPS, "inductor", {}),
+        ("ulysses", STEPS, "aot_eager", {}),
+        ("pipefusion", STEPS, "aot_eager", {}),
+        ("pipefusion", 1, "aot_eager", {}),
+        ("pipefusion", STEPS, "aot_eager", {"pipefusion_sync": "sequence"}),
     ],
-    ids=["cfg", "ulysses", "pipefusion-exact", "pipefusion-displaced"],
+    ids=["cfg", "ulysses", "pipefusion-exact", "pipefusion-displaced", "pipefusion-rows-exact"],
 )
-def test_a_compiled_denoiser_computes_what_the_uncompiled_one_does(pool2, strategy, warmup_steps, backend_name):
+def test_a_compiled_denoiser_computes_what_the_uncompiled_one_does(
+    pool2, strategy, warmup_steps, backend_name, options
+):
     """Exact settings against one device; displaced pipefusion (patches through the stages) against itself.
 
     Only ``cfg`` generates inductor's code (a minute on 2 cores with an empty compile cache); the others trace and
     run their graphs with ``aot_eager``: what the strategies' hooks meet is dynamo's tracing, which is the same.
     """
-    results = pool2.run(compiled_against_uncompiled, strategy, warmup_steps, backend_name)
+    results = pool2.run(compiled_against_uncompiled, strategy, warmup_steps, backend_name, options)
     for result in results:
         compiled = (result["graphs"], result["runs"])
         assert compiled[0] >= 1 and compiled[1] >= STEPS, compiled  # graphs compiled, and run at least once a step

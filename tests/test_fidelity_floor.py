@@ -115,11 +115,14 @@ def test_ranks_whose_predictions_moved_differently_take_the_same_decision(pool2)
     assert [r["refresh"] for r in results] == [False, False]
 
 
-def _sync_steps(result: dict, strategy: str) -> set[int] | None:
-    """The steps this rank ran in sync, read from what it exchanged: `patch` gathers fresh K/V at every layer;
-    `pipefusion`'s first stage passes each of the call's 2 samples (CFG's) on whole instead of its 4 patches;
-    `asyncdiff`'s first component sends its output to the next only on displaced steps."""
+def _sync_steps(result: dict, strategy: str, options: dict) -> set[int] | None:
+    """The steps this rank ran in sync, read from what it exchanged: `patch` gathers fresh K/V at every layer, and
+    so does `pipefusion` in row bands; `pipefusion`'s first stage passes each of the call's 2 samples (CFG's) on
+    whole instead of its 4 patches; `asyncdiff`'s first component sends its output to the next only on displaced
+    steps."""
     rows = result["stats"]["per_step"]
+    if strategy == "pipefusion" and options.get("pipefusion_sync") == "sequence":
+        return {row["step"] for row in rows if row["sync_layer_exchanges"]}
     if strategy == "patch":
         return {row["step"] for row in rows if row["sync_layer_exchanges"] and not row["stale_layer_exchanges"]}
     if strategy == "pipefusion":
@@ -139,13 +142,23 @@ def test_ranks_bisect_on_rank_0s_psnr_so_they_calibrate_alike(pool2):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("strategy", "floor"), [("patch", 50.0), ("pipefusion", 50.0), ("asyncdiff", 35.0), ("parastep", 35.0)]
+    ("strategy", "floor", "options"),
+    [
+        ("patch", 50.0, {}),
+        ("pipefusion", 50.0, {}),
+        ("pipefusion", 50.0, {"pipefusion_sync": "sequence"}),
+        ("asyncdiff", 35.0, {}),
+        ("parastep", 35.0, {}),
+    ],
+    ids=["patch", "pipefusion", "pipefusion-rows", "asyncdiff", "parastep"],
 )
-def test_the_guard_holds_the_floor_and_refreshes_in_sync(pool2, tmp_path, strategy, floor):
+def test_the_guard_holds_the_floor_and_refreshes_in_sync(pool2, tmp_path, strategy, floor, options):
     """The built-in DiT at a floor where the guard has a choice (asyncdiff's displaced steps cost more): its image
     holds it; the steps refreshed are those the agreed movement puts
     under the calibrated threshold (and step 1, before two predictions are known), and they really ran in sync."""
-    results = pool2.run(guarded_vs_one_device, BUILTIN_DIT, SIZE, STEPS, floor, str(tmp_path), strategy=strategy)
+    results = pool2.run(
+        guarded_vs_one_device, BUILTIN_DIT, SIZE, STEPS, floor, str(tmp_path), strategy=strategy, **options
+    )
     guard = results[0]["stats"]["guard"]
     decided = ("threshold_db", "moved_db", "refreshed_steps", "calibration_runs")
     assert all(
@@ -154,13 +167,15 @@ def test_the_guard_holds_the_floor_and_refreshes_in_sync(pool2, tmp_path, strate
     refreshed = set(guard["refreshed_steps"])
     assert refreshed == {step for step, moved in guard["moved_db"].items() if moved < guard["threshold_db"]}
     assert 1 in refreshed and 1 < len(refreshed) < STEPS - 1, guard  # a choice: neither warm-up 1 nor every step
-    assert _sync_steps(results[0], strategy) in ({0} | refreshed, None)
+    assert _sync_steps(results[0], strategy, options) in ({0} | refreshed, None)
     for result in results:
         assert result["psnr_db"] >= floor, result["psnr_db"]
         assert result["denoiser_calls"] > 2 * STEPS  # the first call calibrated
     if strategy == "pipefusion":
         assert "fidelity_floor_db" in results[0]["stats"]["flow"]["stopped"]
-    again = pool2.run(guarded_vs_one_device, BUILTIN_DIT, SIZE, STEPS, floor, str(tmp_path), strategy=strategy)
+    again = pool2.run(
+        guarded_vs_one_device, BUILTIN_DIT, SIZE, STEPS, floor, str(tmp_path), strategy=strategy, **options
+    )
     assert [r["denoiser_calls"] for r in again] == [STEPS, STEPS]  # kept: no calibration
     assert again[0]["stats"]["guard"]["threshold_db"] == guard["threshold_db"]
 
@@ -194,5 +209,5 @@ def test_after_a_refresh_bucketed_and_direct_transfers_carry_the_same_data(pool2
     )
     for results in (direct, bucketed):
         assert results[0]["stats"]["guard"]["refreshed_steps"] == [1, 3]
-        assert _sync_steps(results[0], "patch") == {0, 1, 3}
+        assert _sync_steps(results[0], "patch", {}) == {0, 1, 3}
     np.testing.assert_array_equal(direct[0]["image"], bucketed[0]["image"])

@@ -116,6 +116,18 @@ def test_cfg_times_pipefusion_is_exact_at_4_ranks(pool4):
     )
     _check_exact(results, steps, samples=1, cfg_gathers=steps)  # each group runs one half of the batch
     assert all(r["stats"]["flow"]["stopped"] == CFG_HALVES_DRAIN for r in results)  # the halves are apart
+    bands = pool4.run(
+        pipefusion_vs_one_device,
+        "sd3",
+        64,
+        steps,
+        warmup=steps,
+        cfg_parallel=True,
+        pipefusion_sync="sequence",
+        output_type="latent",
+    )
+    check_exact_and_restored(bands, steps)  # row bands within each CFG group
+    assert all(r["stats"]["sync_layer_exchanges"] > 0 and r["stats"]["cfg_gathers"] == steps for r in bands)
 
 
 @pytest.mark.timeout(300)

@@ -177,10 +177,12 @@ class PipelineCall:
         """Whether the current call slot has run once (its K/V buffers hold the whole image)."""
         return self.comm.state.exchange("paradiff.pipefusion.filled", KVFilled).value
 
+    @torch.compiler.disable(recursive=False)
     def sequence_pass(self, entry: nn.Module, bound: inspect.BoundArguments):
         """An exact call in row bands: every block on this rank's band of the image tokens (each attention layer
         gathers this step's keys and values of every band, :class:`PatchKV`), then the bands gathered; returns
-        what the model's forward expects of ``entry``, the first block."""
+        what the model's forward expects of ``entry``, the first block. Under ``torch.compile`` the blocks'
+        forwards are compiled, the gathers between them are not."""
         comm, stack = self.comm, self.stack
         inputs = StageInputs.of(stack, bound)
         per_band = inputs.image.shape[1] // comm.size
