@@ -95,6 +95,14 @@ def test_every_applicable_strategy_is_exact(pool2, name):
     _check_exact(results)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["qwenimage", "wan", "ltx"])
+def test_pipefusion_with_exact_calls_in_row_bands_is_exact(pool2, name):
+    """``pipefusion_sync="sequence"`` where K/V are completed through diffusers' attention dispatch (Qwen-Image,
+    Wan) and where a per-token table carries the batch (LTX's rotary table)."""
+    _check_exact(pool2.run(strategies_vs_one_device, name, ("pipefusion",), pipefusion_sync="sequence"))
+
+
 def test_a_class_no_family_module_describes_runs_from_diffusers_plan():
     """Flux.2 has no family module: its shipped ``_cp_plan`` is its description (patch and ulysses)."""
     pipe, _ = build("flux2")

@@ -256,8 +256,13 @@ class PassThroughHook(ModelHook):
         self.stack = stack
 
     def new_forward(self, module, *args, **kwargs):
-        inputs = bind_inputs(module, args, kwargs).arguments
-        return block_output(self.stack, module, inputs[self.stack.image_arg], inputs.get(self.stack.text_arg))
+        return handed_on(self.stack, module, bind_inputs(module, args, kwargs))
+
+
+def handed_on(stack: BlockStack, block: nn.Module, bound: inspect.BoundArguments):
+    """What ``block``'s forward returns when it hands its input on unchanged."""
+    inputs = bound.arguments
+    return block_output(stack, block, inputs[stack.image_arg], inputs.get(stack.text_arg))
 
 
 class StageEntryHook(ModelHook):
@@ -276,8 +281,7 @@ class StageEntryHook(ModelHook):
         if call.sequence and self.stack_first:
             return call.sequence_pass(module, bound)
         if call.sequence or not self.stage_first:
-            inputs = bound.arguments
-            return block_output(call.stack, module, inputs[call.stack.image_arg], inputs.get(call.stack.text_arg))
+            return handed_on(call.stack, module, bound)
         if call.bypass is not None:
             return call.bypass.at_entry(module, bound)
         return call.flow.run(module, bound)

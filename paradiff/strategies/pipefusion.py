@@ -239,16 +239,15 @@ class PipeFusionStrategy(Strategy):
         whole = Stage(stack, comm, forwards(range(len(blocks)))) if sequence else None
         call = installed.call = PipelineCall(comm, stack, Stage(stack, comm, forwards(mine)), flows, why, whole)
         own_modules = {id(m) for i in mine for m in blocks[i].modules()}
-        keeps: dict[str, bool] = {}
+        attention = family.self_attention(denoiser)
+        own = [name for name, attn in attention if id(attn) in own_modules]
 
-        def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:
-            prefix = f"{installed.hook_name}.{name}"
-            return tuple(PatchKV(comm, f"{prefix}.{p}", call, keeps[name]) for p in "kv")
+        def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:  # ``name``: a layer's, or a layer's call of attention
+            prefix, keeps = f"{installed.hook_name}.{name}", any(f"{name}.".startswith(f"{n}.") for n in own)
+            return tuple(PatchKV(comm, f"{prefix}.{p}", call, keeps) for p in "kv")
 
-        for name, attn in family.self_attention(denoiser):  # in row bands every layer runs here; else the stage's
-            if id(attn) in own_modules or sequence:
-                keeps[name] = id(attn) in own_modules
-        layers = [(name, attn) for name, attn in family.self_attention(denoiser) if name in keeps]
+        # in row bands every attention layer runs here (another stage's keeps nothing); else only the stage's own
+        layers = [(name, attn) for name, attn in attention if sequence or name in own]
         if family.split_by_plan:  # K/V completed where attention is computed, whatever the processor
             text = PatchText(comm, family.joint_text_first)
             kv_hooks = [(attn, SDPACompletionHook(name, self.name, kv_pair, text)) for name, attn in layers]
@@ -375,11 +374,15 @@ class PipeFusionInstallation(Installation):
             call.forecast = None
 
     def per_rank(self) -> set[int]:
-        return {id(param) for param in params_of(self.blocks)}
+        """The blocks' parameters, where each rank kept only its stage's; none where every rank kept every block."""
+        return {id(param) for param in params_of(self.blocks)} if self.released else set()
 
     def restore(self) -> None:
         """Every rank takes part in one broadcast per parameter of every stage, from the rank that kept it; the
-        model is then whole, even if it was loaded by stage."""
+        model is then whole, even if it was loaded by stage. Where every rank kept every block (exact calls in row
+        bands) there is nothing to bring back, on every rank alike."""
+        if not self.released and loaded_stage(self.model) is None:
+            return
         for stage, blocks in enumerate(stage_groups(self.blocks, self.cut)):
             for param in params_of(blocks):
                 if id(param) in self.released:
