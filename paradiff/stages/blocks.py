@@ -68,6 +68,21 @@ def plan_patches(rows: int, requested: int | None, stages: int, pixels: int) -> 
     )
 
 
+def check_row_bands(rows: int, ranks: int, pixels: int) -> None:
+    """Refuse ``rows`` token rows that do not cut into one band of whole rows per rank (exact calls in row bands),
+    naming the heights that do."""
+    if rows % ranks == 0:
+        return
+    step = ranks * pixels
+    lower = rows // ranks * step
+    heights = f"{lower} or {lower + step}" if lower else str(step)
+    raise ParadiffError(
+        f"pipefusion_sync='sequence' runs exact calls in bands of whole token rows, one per rank, but height "
+        f"{rows * pixels} has {rows} rows of {pixels} pixels, which is not divisible by {ranks} ranks; use height "
+        f"{heights}"
+    )
+
+
 @dataclass
 class KVSlot:
     """One layer's K (or V) buffer of the whole image, for one call context and call slot."""
@@ -215,6 +230,8 @@ class PipelineCallHook(CallContextHook):
         grid = family.grid(module, inputs[family.latent_arg], inputs)
         pixels = family.pixels_per_row(module, self.vae_scale_factor)
         patches = plan_patches(grid.rows, self.requested, comm.size, pixels)
+        if call.whole is not None:  # a call whose height was not checked before it (the pipeline's default)
+            check_row_bands(grid.rows, comm.size, pixels)
         state = comm.state
         state.enter_call(self.context.name, inputs[family.timestep_arg])
         if call.forecast is not None:

@@ -61,6 +61,7 @@ from ..stages.blocks import (
     PipelineCallHook,
     Stage,
     StageEntryHook,
+    check_row_bands,
     plan_patches,
     stage_blocks,
 )
@@ -208,15 +209,8 @@ class PipeFusionStrategy(Strategy):
             raise ParadiffError(f"height {height} is not a multiple of {pixels} pixels per row of tokens")
         rows = height // pixels
         plan_patches(rows, self.options.pipefusion_patches, degree, pixels)
-        if self.options.pipefusion_sync == "sequence" and rows % degree:
-            step = degree * pixels
-            lower = rows // degree * step
-            heights = f"{lower} or {lower + step}" if lower else str(step)
-            raise ParadiffError(
-                f"pipefusion_sync='sequence' runs exact calls in bands of whole token rows, one per rank, but height "
-                f"{height} has {rows} rows of {pixels} pixels, which is not divisible by {degree} ranks; use height "
-                f"{heights}"
-            )
+        if self.options.pipefusion_sync == "sequence":
+            check_row_bands(rows, degree, pixels)
 
     def install(
         self, denoiser: nn.Module, family: DenoiserFamily, comm: Communicator, vae_scale_factor: int
