@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -236,15 +237,18 @@ class PipeFusionStrategy(Strategy):
         attention = family.self_attention(denoiser)
         own = [name for name, attn in attention if id(attn) in own_modules]
 
-        def kv_pair(name: str) -> tuple[PatchKV, PatchKV]:  # ``name``: a layer's, or a layer's call of attention
-            prefix, keeps = f"{installed.hook_name}.{name}", any(f"{name}.".startswith(f"{n}.") for n in own)
-            return tuple(PatchKV(comm, f"{prefix}.{p}", call, keeps) for p in "kv")
+        def kv_pair(name: str, keeps: bool | None = None) -> tuple[PatchKV, PatchKV]:  # keeps None: ``name`` a layer's
+            keeps = name in own if keeps is None else keeps
+            return tuple(PatchKV(comm, f"{installed.hook_name}.{name}.{p}", call, keeps) for p in "kv")
 
         # in row bands every attention layer runs here (another stage's keeps nothing); else only the stage's own
         layers = [(name, attn) for name, attn in attention if sequence or name in own]
-        if family.split_by_plan:  # K/V completed where attention is computed, whatever the processor
+        if family.split_by_plan:  # K/V completed where attention is computed (per call of it), whatever the processor
             text = PatchText(comm, family.joint_text_first)
-            kv_hooks = [(attn, SDPACompletionHook(name, self.name, kv_pair, text)) for name, attn in layers]
+            kv_hooks = [
+                (attn, SDPACompletionHook(name, self.name, functools.partial(kv_pair, keeps=name in own), text))
+                for name, attn in layers
+            ]
             processors = []
         else:
             kv_hooks, processors = plan_kv_completion(family, layers, kv_pair, self.name)
