@@ -144,9 +144,9 @@ def runnable_strategies(check, job: PlanJob, cfg_batch: bool) -> tuple[dict, dic
     for strategy in _candidates(job):
         tried = [(False, ()), (True, ())]
         variants = strategy_class(strategy).plan_variants
-        for options, least, *also_split in variants:
+        for options, least, *split in variants:
             if job.nproc >= least:
-                tried += [(False, options), *([(True, options)] if also_split and also_split[0] else [])]
+                tried += [(False, options)] + ([(True, options)] if any(split) else [])
         settings = []
         for cfg_parallel, options in tried:
             alone = strategy_class(strategy).cfg_split_alone

@@ -182,6 +182,8 @@ def _common(body: dict, card: ModelCard, settings: ServeSettings, kind: str) -> 
     warmup = _integer(body, "warmup_steps", 0, limits.steps)
     fidelity = _choice(body, "fidelity", ("exact", "displaced"), settings.fidelity)
     floor = _floor(body, settings)
+    if warmup is None:
+        warmup = settings.warmup if floor is None else 0  # under a floor the staleness guard decides every step
     strategy, asked = _strategy(body, card, settings, height, body.get("size") or f"{width}x{height}")
     guided = guidance is None or guidance > 1
     if strategy == "cfg" and card.nproc > 1 and not guided:
@@ -202,7 +204,7 @@ def _common(body: dict, card: ModelCard, settings: ServeSettings, kind: str) -> 
         "guidance": guidance,
         "seed": secrets.randbelow(2**32) if seed is None else seed,
         "strategy": strategy,
-        "warmup": (settings.warmup if floor is None else 0) if warmup is None else warmup,
+        "warmup": warmup,
         "fidelity": fidelity,
         "floor": floor,
         "guided": guided,
