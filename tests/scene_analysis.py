@@ -1,26 +1,18 @@
-"""A simple colour/place reading of a picture, to check that generated images follow their prompt."""
+"""A simple colour/place reading of a picture, and of a clip's motion (``paradiff.builtin.follow`` reads a
+one-shape picture whole: kind, colour share, place and background)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from paradiff.builtin.clips import DIRECTIONS
+from paradiff.builtin.follow import MIN_TRAVEL, background_of, place_of
 from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES
 
 _PALETTE_NAMES = [*COLOURS, *(f"background {name}" for name in BACKGROUNDS)]
 _PALETTE = np.array([*COLOURS.values(), *BACKGROUNDS.values()], dtype=np.float64)
 #: A colour must cover at least this share of the picture to count as drawn (a small shape covers ~3%).
 MIN_AREA = 0.006
-
-
-def place_of(x: float, y: float) -> str:
-    """The caption phrase of the 3x3 cell holding the point (x, y), both fractions of the side."""
-    column, row = min(int(x * 3), 2), min(int(y * 3), 2)
-    cells = {(0, 0): "at the top left", (1, 0): "at the top", (2, 0): "at the top right", (0, 1): "on the left"}
-    cells |= {(1, 1): "in the center", (2, 1): "on the right", (0, 2): "at the bottom left", (1, 2): "at the bottom"}
-    cells[(2, 2)] = "at the bottom right"
-    assert set(cells.values()) == set(PLACES)
-    return cells[(column, row)]
 
 
 def centroid_of(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> tuple[float, float] | None:
@@ -46,18 +38,6 @@ def where_is(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> str 
     """The cell where ``colour`` sits in an (H, W, 3) uint8 or [0, 1] float image, or None if it is absent."""
     centroid = centroid_of(image, colour, min_area)
     return None if centroid is None else place_of(*centroid)
-
-
-def background_of(image: np.ndarray) -> str:
-    """The background colour name: the palette background nearest to the median of the picture's border."""
-    pixels = np.asarray(image, dtype=np.float64)
-    if pixels.max() <= 1.0:
-        pixels = pixels * 255
-    border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
-    median = np.median(border, axis=0)
-    names = list(BACKGROUNDS)
-    distances = [np.sum((median - np.array(BACKGROUNDS[name])) ** 2) for name in names]
-    return names[int(np.argmin(distances))]
 
 
 def asked_by(prompt: str) -> tuple[list[tuple[str, str | None]], str | None]:
@@ -100,11 +80,6 @@ def misses(image: np.ndarray, prompt: str) -> list[str]:
 def follows(image: np.ndarray, prompt: str) -> bool:
     """Whether ``image`` shows every colour ``prompt`` asks for, where it asks, on the asked background."""
     return not misses(image, prompt)
-
-
-#: How far (a fraction of the side) the shape must travel the asked way between the first and last
-#: quarter of a clip's frames to count as moving that way.
-MIN_TRAVEL = 0.15
 
 
 def travel_of(frames: np.ndarray, prompt: str) -> float | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 import sys
 import types
@@ -14,11 +13,12 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
 from safetensors.torch import load_file
-from scene_analysis import asked_by, background_of, misses, where_is
+from scene_analysis import asked_by, misses, where_is
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
 from paradiff.builtin.configs import build_tokenizer
-from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES, SHAPES, SIZES, VOCABULARY, Shape, make_scenes
+from paradiff.builtin.follow import judge, rates
+from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, HELD_OUT_PROMPTS, PLACES, SHAPES, VOCABULARY, make_scenes
 from paradiff.builtin.train import mirrored, train
 from paradiff.builtin.vocabulary import KNOWN_WORDS, SUGGESTIONS
 from paradiff.errors import ParadiffWarning
@@ -26,17 +26,6 @@ from paradiff.loading import TRAINED_MODELS, load_pipeline, prompt_kwargs
 
 #: The picture models (the video model has its own tests, in test_builtin_video.py).
 PICTURE_MODELS = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
-
-
-def follow_prompts(count: int = 24) -> list[str]:
-    """``count`` single-shape prompts, each a different colour/place pair, drawn with a fixed seed."""
-    rng = random.Random(0)
-    pairs = rng.sample([(colour, place) for colour in COLOURS for place in PLACES], count)
-    return [
-        Shape(rng.choice(SHAPES), colour, rng.choice(sorted(SIZES)), place).phrase(with_size=True)
-        + f" on a {rng.choice(sorted(BACKGROUNDS))} background"
-        for colour, place in pairs
-    ]
 
 
 def draw_each(pipe, calls: list[dict], seeds, size: int | None = None, batch: int = 12) -> list[np.ndarray]:
@@ -125,6 +114,34 @@ def test_reusing_a_runs_encoders_reproduces_its_denoisers(short_run, tmp_path):
         assert all(torch.equal(first[name], second[name]) for name in first), f"{denoiser} differs"
 
 
+@pytest.mark.timeout(300)
+def test_a_stopped_dit_stage_resumes_to_the_weights_of_an_unbroken_run(short_run, tmp_path, monkeypatch):
+    """``--encoders --denoisers dit --checkpoints``: stopped after its 3rd step, the stage resumes from the state
+    saved at step 2 and ends with the DiT the short run's unbroken stage wrote (same seed, same encoders)."""
+    import paradiff.builtin.train as training
+
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 2)
+    unbroken = training.denoiser_batches
+
+    def stopping(*args):
+        for index, batch in enumerate(unbroken(*args)):
+            if index == 3:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(training, "denoiser_batches", stopping)
+    args = dict(out=tmp_path / "out", scale=0.001, seed=0, encoders=short_run / "sd", denoisers=("dit",))
+    with pytest.raises(KeyboardInterrupt):
+        train(**args, checkpoints=tmp_path / "state")
+    assert torch.load(tmp_path / "state" / "dit.pt", weights_only=False)["step"] == 2
+    monkeypatch.setattr(training, "denoiser_batches", unbroken)
+    train(**args, checkpoints=tmp_path / "state")
+    runs = (short_run, args["out"])
+    first, second = (load_file(next((run / "pixart/transformer").glob("*.safetensors"))) for run in runs)
+    assert all(torch.equal(first[name], second[name]) for name in first), "the resumed DiT differs"
+    assert (args["out"] / "sd" / "vae").is_dir(), "the encoders' folder is copied beside the new pixart/"
+
+
 def test_shipped_weights_are_small_and_load_offline():
     pictures = [path for path in WEIGHTS.rglob("*") if path.is_file() and path.relative_to(WEIGHTS).parts[0] != "video"]
     assert sum(path.stat().st_size for path in pictures) <= 20 * 2**20
@@ -132,28 +149,34 @@ def test_shipped_weights_are_small_and_load_offline():
     assert isinstance(load_pipeline("paradiff-tiny-dit"), PixArtAlphaPipeline)
 
 
+#: The least share of the held-out pictures each picture model gets right, per check of the follow measure, a
+#: little under what the shipped weights reach (docs/builtin-models.md gives the rates: the DiT's shapes are read
+#: as blobs, so it has no floor on shape).
+FOLLOW_FLOORS = {
+    "paradiff-tiny": {"shape": 0.35, "colour": 0.3, "place": 0.9, "background": 0.9},
+    "paradiff-tiny-dit": {"colour": 0.15, "place": 0.9, "background": 0.9},
+}
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("model", PICTURE_MODELS)
-def test_builtin_model_follows_prompts(model):
-    """At least 80% of 24 prompts show the asked colour in the asked place, on the asked background.
+def test_builtin_model_follows_held_out_prompts(model, capsys):
+    """24 held-out prompts x seeds 0 and 1 at the default size, each picture read by the follow measure.
 
-    Each prompt names a different colour/place pair; a model that ignored the place would put the
-    shape in the asked one of the nine cells about one time in nine. The pipelines are prompted as
-    ``paradiff generate`` prompts them (at the built-in guidance scale).
+    The pipelines are prompted as ``paradiff generate`` prompts them; every rate is printed, whatever the outcome.
     """
     pipe = load_pipeline(model)
     pipe.set_progress_bar_config(disable=True)
-    prompts = follow_prompts()
-    images = draw_each(pipe, [prompt_kwargs(pipe, model, prompt) for prompt in prompts], range(len(prompts)))
-    backgrounds, places = [], []
-    for prompt, image in zip(prompts, images, strict=True):
-        colour = next(word for word in prompt.split() if word in COLOURS)
-        place = next(phrase for phrase in PLACES if f"{phrase} on a" in prompt)
-        background = next(name for name in BACKGROUNDS if f"on a {name} background" in prompt)
-        backgrounds.append(background_of(image) == background)
-        places.append(where_is(image, colour) == place)
-    rates = f"background {sum(backgrounds)}, colour in place {sum(places)} of {len(places)}"
-    assert len(places) >= 20 and np.mean(places) >= 0.8 and np.mean(backgrounds) >= 0.8, rates
+    drawn = [(prompt, seed) for prompt in HELD_OUT_PROMPTS for seed in (0, 1)]
+    calls = [prompt_kwargs(pipe, model, prompt) for prompt, _ in drawn]
+    images = draw_each(pipe, calls, [seed for _, seed in drawn], DEFAULT_SIZE[TRAINED_MODELS[model]])
+    measured = rates([judge(image, prompt) for image, (prompt, _) in zip(images, drawn, strict=True)])
+    report = f"{model}, {len(images)} held-out pictures: " + ", ".join(
+        f"{check} {100 * share:.0f}%" for check, share in measured.items()
+    )
+    with capsys.disabled():
+        print(f"\n{report}")
+    assert all(measured[check] >= floor for check, floor in FOLLOW_FLOORS[model].items()), report
 
 
 #: Where the built-in prompts are quoted: the README's first command and the built-in models' page.
@@ -229,7 +252,7 @@ def test_unknown_words_are_what_the_tokenizer_cannot_read():
         assert unknown_words(prompt) == list(dict.fromkeys(unread)), prompt
     assert unknown_words("a big red circle in the middle, big") == ["big", "middle"]
     assert all(not unknown_words(scene.caption) for scene in make_scenes(200, seed=6))
-    assert all(not unknown_words(prompt) for prompt in follow_prompts())
+    assert all(not unknown_words(prompt) for prompt in HELD_OUT_PROMPTS)
 
 
 def test_unknown_words_warn_naming_them_and_listing_the_vocabulary():

@@ -19,6 +19,11 @@ Stages, each seeded:
 Then both pipelines are written (weights of the diffusers models in float16 to stay small; diffusers
 loads them as float32 unless told otherwise), the shared components once, linked from ``pixart/``.
 
+``--hold-out`` leaves the scenes that show a shape of ``scenes.HELD_OUT_PROMPTS`` out of the data, so the follow
+measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers dit`` trains the DiT alone on an
+earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the DiT stage's state every
+:data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run.
+
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
 
@@ -52,7 +57,7 @@ from .configs import (
     build_unet,
     build_vae,
 )
-from .scenes import PLACES, Scene, make_scenes
+from .scenes import PLACES, Scene, make_scenes, shows_held_out
 
 #: Optimizer steps (batch size) of each stage at ``--scale 1``.
 VAE_STEPS, VAE_BATCH, VAE_CROP = 2000, 8, 128
@@ -60,8 +65,11 @@ DATASET_SCENES = 2500
 TEXT_STEPS, TEXT_BATCH = 600, 64
 UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
 UNET_LR, DIT_LR = 1e-3, 1e-3
+#: Steps between the saved states a stopped DiT stage resumes from (``--checkpoints``).
+CHECKPOINT_EVERY = 250
 CAPTION_DROPOUT = 0.1
 SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
+DENOISERS = ("unet", "dit")
 
 
 def log(message: str) -> None:
@@ -76,11 +84,47 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 50) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def optimise(params, steps: int, peak_lr: float, loss_at: Callable[[int], torch.Tensor], name: str) -> None:
+class Resumable:
+    """A training stage's state on disk every :data:`CHECKPOINT_EVERY` steps, so a stopped run goes on where it
+    stopped and ends with the weights an unbroken run would have: its modules, the optimizer, the step and the
+    batches' random generator."""
+
+    def __init__(self, path: Path, modules: dict[str, torch.nn.Module], generator: torch.Generator):
+        self.path, self.modules, self.generator = path, modules, generator
+
+    def restore(self, optimizer: torch.optim.Optimizer) -> int:
+        """The step to go on from (0 without a saved state), after loading the saved state."""
+        if not self.path.is_file():
+            return 0
+        state = torch.load(self.path, weights_only=False)
+        for name, module in self.modules.items():
+            module.load_state_dict(state[name])
+        optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        log(f"resumed from {self.path} at step {state['step']}")
+        return state["step"]
+
+    def save(self, step: int, optimizer: torch.optim.Optimizer) -> None:
+        state = {name: module.state_dict() for name, module in self.modules.items()}
+        state |= {"optimizer": optimizer.state_dict(), "generator": self.generator.get_state(), "step": step}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, self.path.with_suffix(".tmp"))
+        self.path.with_suffix(".tmp").replace(self.path)
+
+
+def optimise(
+    params,
+    steps: int,
+    peak_lr: float,
+    loss_at: Callable[[int], torch.Tensor],
+    name: str,
+    resumable: Resumable | None = None,
+) -> None:
     params = [p for p in params if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.01)
+    first = resumable.restore(optimizer) if resumable else 0
     start, running = time.perf_counter(), None
-    for step in range(steps):
+    for step in range(first, steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, peak_lr)
         loss = loss_at(step)
@@ -88,6 +132,8 @@ def optimise(params, steps: int, peak_lr: float, loss_at: Callable[[int], torch.
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        if resumable and (step + 1) % CHECKPOINT_EVERY == 0:
+            resumable.save(step + 1, optimizer)
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % 50 == 0 or step == steps - 1:
             log(f"{name} step {step + 1}/{steps} loss {running:.4f} ({time.perf_counter() - start:.0f} s)")
@@ -148,8 +194,10 @@ def mirrored(scene: Scene) -> str:
 
 
 @torch.no_grad()
-def encode_dataset(vae, count: int, seed: int, size: int) -> tuple[torch.Tensor, list[str]]:
-    """Latents (unscaled means) and captions of ``count`` scenes and their mirror images, drawn at ``size`` px."""
+def encode_dataset(vae, count: int, seed: int, size: int, hold_out: bool = False) -> tuple[torch.Tensor, list[str]]:
+    """Latents (unscaled means) and captions of ``count`` scenes and their mirror images, drawn at ``size`` px;
+    with ``hold_out``, less those that show a held-out prompt's shape (:func:`~paradiff.builtin.scenes.shows_held_out`).
+    """
     scenes = make_scenes(count, seed)
     latents, captions = [], []
     for first in range(0, count, 32):
@@ -158,8 +206,12 @@ def encode_dataset(vae, count: int, seed: int, size: int) -> tuple[torch.Tensor,
         means = vae.encode(torch.cat([pixels, pixels.flip(-1)])).latent_dist.mean
         latents.append(means)
         captions += [scene.caption for scene in batch] + [mirrored(scene) for scene in batch]
-    log(f"encoded {len(captions)} scenes")
-    return torch.cat(latents), captions
+    if not hold_out:
+        log(f"encoded {len(captions)} scenes")
+        return torch.cat(latents), captions
+    kept = [index for index, caption in enumerate(captions) if not shows_held_out(caption)]
+    log(f"encoded {len(captions)} scenes, kept {len(kept)} (the others show a held-out prompt's shape)")
+    return torch.cat(latents)[kept], [captions[index] for index in kept]
 
 
 def token_ids(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +219,8 @@ def token_ids(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tenso
     return tokens.input_ids, tokens.attention_mask
 
 
-def denoiser_batches(latents, captions, tokenizer, seed: int) -> Iterator[tuple]:
-    """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks)."""
-    generator = torch.Generator().manual_seed(seed)
+def denoiser_batches(latents, captions, tokenizer, generator: torch.Generator) -> Iterator[tuple]:
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks), drawn by ``generator``."""
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
         index = torch.randint(len(captions), (DENOISER_BATCH,), generator=generator)
@@ -241,7 +292,7 @@ def train_unet(unet, text_encoder, batches, steps: int) -> None:
     optimise(unet.parameters(), steps, UNET_LR, loss_at, "unet")
 
 
-def train_dit(dit, text_encoder, batches, steps: int) -> None:
+def train_dit(dit, text_encoder, batches, steps: int, resumable: Resumable | None = None) -> None:
     """The DiT; masks as the PixArt pipeline passes them."""
     no_extra_conditions = {"resolution": None, "aspect_ratio": None}
 
@@ -258,7 +309,7 @@ def train_dit(dit, text_encoder, batches, steps: int) -> None:
         ).sample
         return F.mse_loss(prediction, target)
 
-    optimise(dit.parameters(), steps, DIT_LR, loss_at, "dit")
+    optimise(dit.parameters(), steps, DIT_LR, loss_at, "dit", resumable)
 
 
 def _save_in_float16(pipe, folder: Path) -> None:
@@ -295,6 +346,7 @@ def save_sd(out: Path, tokenizer, text_encoder, vae, unet) -> None:
 
 def save_pixart(out: Path, tokenizer, text_encoder, vae, dit) -> None:
     """``pixart/`` links the components it shares with ``sd/`` instead of holding copies."""
+    shutil.rmtree(out / "pixart", ignore_errors=True)
     pipe = PixArtAlphaPipeline(
         tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=dit, scheduler=build_scheduler("pixart")
     )
@@ -311,8 +363,18 @@ def round_to_float16(module: torch.nn.Module) -> None:
             parameter.copy_(parameter.half().float())
 
 
-def train(out: Path, scale: float, seed: int, encoders: Path | None = None) -> None:
-    """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the denoisers."""
+def train(
+    out: Path,
+    scale: float,
+    seed: int,
+    encoders: Path | None = None,
+    denoisers: tuple[str, ...] = DENOISERS,
+    checkpoints: Path | None = None,
+    hold_out: bool = False,
+) -> None:
+    """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
+    ``denoisers``; with ``checkpoints`` (a folder) the DiT stage saves its state there and resumes from it; with
+    ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -329,10 +391,9 @@ def train(out: Path, scale: float, seed: int, encoders: Path | None = None) -> N
     vae.requires_grad_(False).eval()
     log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
     count = max(32, round(DATASET_SCENES * scale))
-    latents, captions = encode_dataset(vae, count, seed + 2, IMAGE_SIZE)
-    vae.register_to_config(scaling_factor=float(1 / latents.std()))
-    latents = latents * vae.config.scaling_factor
+    latents, captions = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out)
     if encoders is None:
+        vae.register_to_config(scaling_factor=float(1 / latents.std()))
         torch.manual_seed(seed + 5)
         train_text_encoder(text_encoder, tokenizer, captions, scaled(TEXT_STEPS), seed + 5)
     else:
@@ -340,16 +401,25 @@ def train(out: Path, scale: float, seed: int, encoders: Path | None = None) -> N
     round_to_float16(text_encoder)
     text_encoder.eval()
 
-    small_latents, small_captions = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE)
-    torch.manual_seed(seed + 6)
-    unet = build_unet()
-    batches = denoiser_batches(small_latents * vae.config.scaling_factor, small_captions, tokenizer, seed + 3)
-    train_unet(unet, text_encoder, batches, scaled(UNET_STEPS))
-    save_sd(out, tokenizer, text_encoder, vae, unet)
-    torch.manual_seed(seed + 7)
-    dit = build_dit()
-    train_dit(dit, text_encoder, denoiser_batches(latents, captions, tokenizer, seed + 4), scaled(DIT_STEPS))
-    save_pixart(out, tokenizer, text_encoder, vae, dit)
+    if "unet" in denoisers:
+        small_latents, small_captions = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out)
+        torch.manual_seed(seed + 6)
+        unet = build_unet()
+        generator = torch.Generator().manual_seed(seed + 3)
+        batches = denoiser_batches(small_latents * vae.config.scaling_factor, small_captions, tokenizer, generator)
+        train_unet(unet, text_encoder, batches, scaled(UNET_STEPS))
+        save_sd(out, tokenizer, text_encoder, vae, unet)
+    elif (out / "sd").resolve() != encoders.resolve():
+        shutil.rmtree(out / "sd", ignore_errors=True)
+        shutil.copytree(encoders, out / "sd")
+    if "dit" in denoisers:
+        torch.manual_seed(seed + 7)
+        dit = build_dit()
+        generator = torch.Generator().manual_seed(seed + 4)
+        resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
+        batches = denoiser_batches(latents * vae.config.scaling_factor, captions, tokenizer, generator)
+        train_dit(dit, text_encoder, batches, scaled(DIT_STEPS), resumable)
+        save_pixart(out, tokenizer, text_encoder, vae, dit)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -361,10 +431,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--encoders", type=Path, help="an earlier run's sd/ folder: reuse its VAE and text encoder, train the denoisers"
     )
+    parser.add_argument(
+        "--denoisers", nargs="+", choices=DENOISERS, default=list(DENOISERS), help="with --encoders: train only these"
+    )
+    parser.add_argument("--checkpoints", type=Path, help="a folder the DiT stage saves its state in and resumes from")
+    parser.add_argument(
+        "--hold-out", action="store_true", help="leave the held-out prompts' shapes out of the denoisers' data"
+    )
     args = parser.parse_args(argv)
+    if args.encoders is None and tuple(args.denoisers) != DENOISERS:
+        parser.error("--denoisers needs --encoders (the VAE and text encoder the denoisers train on)")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    train(args.out, args.scale, args.seed, args.encoders)
+    train(args.out, args.scale, args.seed, args.encoders, tuple(args.denoisers), args.checkpoints, args.hold_out)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
