@@ -17,9 +17,9 @@ device and on 2 ranks, the speedup of the medians, the PSNR of the rank image ag
 image (mean over prompts), and how many images follow their prompt (``tests/scene_analysis.misses``:
 asked colours present, in the asked place, on the asked background) on one device and on the ranks.
 
-``--follow N`` first reads the test's N prompts (``tests/test_builtin.follow_prompts``, seeds
-0..N-1) at each size on one device: background, asked colour present, asked colour in the asked
-place. Prints tables and writes JSON.
+``--follow N`` first reads the first N held-out prompts (``paradiff.builtin.scenes.HELD_OUT_PROMPTS``,
+seeds 0..N-1) at each size on one device with ``paradiff.builtin.follow``: shape, colour, place and
+background right. Prints tables and writes JSON.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import bench_common  # noqa: F401  (puts tests/ on sys.path)
 import numpy as np
 import torch
 from rank_workers import RankPool
-from scene_analysis import background_of, misses, where_is
+from scene_analysis import misses
 
 from paradiff.builtin import EXAMPLE_PROMPTS, call_kwargs
 from paradiff.loading import TRAINED_MODELS
@@ -105,23 +105,17 @@ def on_ranks(model: str, size: int, steps: int, prompts: list[str], strategy: st
 
 
 def follow_rates(model: str, size: int, steps: int, count: int) -> dict:
-    """The test's ``count`` prompts at ``size`` on one device: how many images get each part right."""
-    from test_builtin import follow_prompts
-
-    from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES
+    """The first ``count`` held-out prompts at ``size`` on one device, read by the follow measure."""
+    from paradiff.builtin.follow import CHECKS, judge
+    from paradiff.builtin.scenes import HELD_OUT_PROMPTS
 
     torch.set_num_threads(1)
-    counts = {"background": 0, "colour": 0, "colour_in_place": 0}
+    counts = dict.fromkeys(CHECKS, 0)
     start = time.perf_counter()
-    for seed, prompt in enumerate(follow_prompts(count)):
+    for seed, prompt in enumerate(HELD_OUT_PROMPTS[:count]):
         image, _ = draw(pipeline(model), model, prompt, size, steps, seed)
-        colour = next(word for word in prompt.split() if word in COLOURS)
-        place = next(phrase for phrase in PLACES if f"{phrase} on a" in prompt)
-        background = next(name for name in BACKGROUNDS if f"on a {name} background" in prompt)
-        found = where_is(image, colour)
-        counts["background"] += background_of(image) == background
-        counts["colour"] += found is not None
-        counts["colour_in_place"] += found == place
+        for check, right in judge(image, prompt).items():
+            counts[check] += right
     seconds = (time.perf_counter() - start) / count
     return {"model": model, "px": size, "prompts": count, **counts, "s_per_image": seconds}
 
@@ -198,13 +192,13 @@ def main() -> None:
 
 def _follow_table(rows: list[dict]) -> str:
     lines = [
-        "| model | px | background | asked colour | asked colour in place | s/image (1 thread) |",
+        "| model | px | shape | colour | place | background | s/image (1 thread) |",
         "|---" * 6 + "|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['px']} | {r['background']}/{r['prompts']} | {r['colour']}/{r['prompts']} "
-            f"| {r['colour_in_place']}/{r['prompts']} | {r['s_per_image']:.2f} |"
+            f"| {r['model']} | {r['px']} | {r['shape']}/{r['prompts']} | {r['colour']}/{r['prompts']} "
+            f"| {r['place']}/{r['prompts']} | {r['background']}/{r['prompts']} | {r['s_per_image']:.2f} |"
         )
     return "\n".join(lines)
 

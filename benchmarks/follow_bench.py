@@ -1,0 +1,118 @@
+"""How often the built-in models draw what a held-out prompt asks: shape, colour, place (or direction), background.
+
+    python benchmarks/follow_bench.py                        # both picture models, 24 held-out prompts x 2 seeds
+    python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~8 min)
+    python benchmarks/follow_bench.py --models paradiff-tiny-dit --weights /tmp/tiny/pixart   # other DiT weights
+    python benchmarks/follow_bench.py --quick                # a smoke run: 4 prompts, 1 seed, 4 steps
+
+Each model draws every prompt of ``paradiff.builtin.scenes.HELD_OUT_PROMPTS`` (one shape each, whose kind,
+colour and place together the DiT never saw in training) with each seed, on one device, at its default size,
+20 steps, prompted as ``paradiff generate`` prompts it. Each picture is read by ``paradiff.builtin.follow``
+(from its pixels alone); the table gives, per model, the share of pictures that get the shape, the colour
+(at least 85% of the shape's pixels), the place and the background right, and all four at once. The video
+model draws each of ``paradiff.builtin.clips.TEST_PROMPTS`` (held out of its training) as one 16-frame clip,
+read frame by frame (``judge_clip``: shape and colour in 80% of the frames, the asked direction). With
+``--grid PATH`` it also writes the pictures as one PNG, four prompts a row. Prints the table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from paradiff.builtin import DEFAULT_SIZE, call_kwargs
+from paradiff.builtin.clips import TEST_PROMPTS
+from paradiff.builtin.follow import CHECKS, CLIP_CHECKS, judge, judge_clip, rates
+from paradiff.builtin.scenes import HELD_OUT_PROMPTS
+from paradiff.loading import TRAINED_MODELS, load_pipeline
+
+PICTURE_MODELS = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
+
+
+def draw_all(pipe, kind: str, prompts: list[str], seeds: list[int], steps: int) -> list[np.ndarray]:
+    """The picture (or clip) of every prompt with every seed (prompt-major), 12 pictures or 1 clip a call."""
+    calls = [(prompt, seed) for prompt in prompts for seed in seeds]
+    shared = {name: value for name, value in call_kwargs(kind, prompts[0], warn=False).items() if name != "prompt"}
+    size = DEFAULT_SIZE[kind]
+    batch = 1 if kind == "video" else 12
+    outputs = []
+    for start in range(0, len(calls), batch):
+        chunk = calls[start : start + batch]
+        output = pipe(
+            **shared,
+            prompt=[prompt for prompt, _ in chunk],
+            generator=[torch.Generator().manual_seed(seed) for _, seed in chunk],
+            height=size,
+            width=size,
+            num_inference_steps=steps,
+            output_type="np",
+        )
+        outputs += list(output.frames if kind == "video" else output.images)
+    return [np.asarray(picture) for picture in outputs]
+
+
+def write_grid(images: list[np.ndarray], columns: int, path: Path) -> None:
+    from PIL import Image
+
+    rows = [np.concatenate(images[start : start + columns], 1) for start in range(0, len(images), columns)]
+    Image.fromarray((np.concatenate(rows, 0) * 255).round().astype(np.uint8)).save(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(PICTURE_MODELS), help="comma-separated built-in models")
+    parser.add_argument("--weights", type=Path, help="with one model: its denoiser from this pipeline folder instead")
+    parser.add_argument("--prompts", type=int, default=len(HELD_OUT_PROMPTS))
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="4 prompts, 1 seed, 4 steps")
+    parser.add_argument("--grid", type=Path, help="also write each picture model's pictures to PATH (name appended)")
+    parser.add_argument("--out", type=Path, default=Path("follow.json"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.seeds, args.steps = 4, 1, 4
+    models = args.models.split(",")
+    if args.weights and len(models) != 1:
+        parser.error("--weights takes one model")
+    torch.set_num_threads(args.threads)
+    seeds = list(range(args.seeds))
+    results = []
+    for model in models:
+        kind = TRAINED_MODELS[model]
+        video = kind == "video"
+        prompts = list((TEST_PROMPTS if video else HELD_OUT_PROMPTS)[: args.prompts])
+        pipe = load_pipeline(model)
+        if args.weights:
+            denoiser = "unet" if kind == "sd" else "transformer"
+            setattr(pipe, denoiser, type(getattr(pipe, denoiser)).from_pretrained(args.weights / denoiser))
+        pipe.set_progress_bar_config(disable=True)
+        images = draw_all(pipe, kind, prompts, seeds, args.steps)
+        calls = [(prompt, seed) for prompt in prompts for seed in seeds]
+        judged = [
+            (judge_clip if video else judge)(image, prompt) for image, (prompt, _) in zip(images, calls, strict=True)
+        ]
+        misses = {
+            f"{prompt} (seed {seed})": [check for check, right in j.items() if not right]
+            for (prompt, seed), j in zip(calls, judged, strict=True)
+            if not all(j.values())
+        }
+        checks = CLIP_CHECKS if video else CHECKS
+        results.append({"model": model, "size": DEFAULT_SIZE[kind], "checks": checks, "drawn": len(images)})
+        results[-1] |= {"prompts": prompts, "rates": rates(judged), "misses": misses}
+        if args.grid and not video:
+            write_grid(images, 4 * len(seeds), args.grid.with_name(f"{args.grid.stem}-{model}{args.grid.suffix}"))
+    for r in results:
+        print(f"| model | size | drawn | {' | '.join(r['checks'])} | all |")
+        print("|---|---|---|" + "---|" * (len(r["checks"]) + 1))
+        shares = " | ".join(f"{100 * r['rates'][check]:.0f}%" for check in (*r["checks"], "all"))
+        print(f"| {r['model']} | {r['size']} px | {r['drawn']} | {shares} |")
+    args.out.write_text(json.dumps({"seeds": seeds, "steps": args.steps, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
