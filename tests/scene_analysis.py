@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from paradiff.builtin.clips import DIRECTIONS
-from paradiff.builtin.follow import MIN_TRAVEL, background_of, place_of
+from paradiff.builtin.follow import MIN_TRAVEL, background_of, place_of, rgb255
 from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, PLACES
 
 _PALETTE_NAMES = [*COLOURS, *(f"background {name}" for name in BACKGROUNDS)]
@@ -22,9 +22,7 @@ def centroid_of(image: np.ndarray, colour: str, min_area: float = MIN_AREA) -> t
     ``min_area`` of the picture, and their centroid is the answer. Both are fractions of the picture,
     so the reading does not depend on its size in pixels.
     """
-    pixels = np.asarray(image, dtype=np.float64)
-    if pixels.max() <= 1.0:
-        pixels = pixels * 255
+    pixels = rgb255(image)
     distance = ((pixels[:, :, None, :] - _PALETTE[None, None]) ** 2).sum(-1)
     mask = distance.argmin(-1) == _PALETTE_NAMES.index(colour)
     if mask.mean() < min_area:

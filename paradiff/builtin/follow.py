@@ -80,7 +80,7 @@ class Reading:
         return self.colour_shares.get(colour, 0.0)
 
 
-def _pixels(image: np.ndarray) -> np.ndarray:
+def rgb255(image: np.ndarray) -> np.ndarray:
     """An ``(H, W, 3)`` uint8 or ``[0, 1]`` float picture as float RGB of 255."""
     pixels = np.asarray(image, dtype=np.float64)
     return pixels * 255 if pixels.max() <= 1.0 else pixels
@@ -88,7 +88,7 @@ def _pixels(image: np.ndarray) -> np.ndarray:
 
 def background_of(image: np.ndarray) -> str:
     """The palette background nearest the median of the picture's border."""
-    return _border_background(_pixels(image))[0]
+    return _border_background(rgb255(image))[0]
 
 
 def _border_background(pixels: np.ndarray) -> tuple[str, np.ndarray]:
@@ -118,7 +118,7 @@ def read(image: np.ndarray) -> Reading:
     """Read a picture (``(H, W, 3)``, uint8 or ``[0, 1]`` floats) as described in this module's docstring."""
     from scipy import ndimage
 
-    pixels = _pixels(image)
+    pixels = rgb255(image)
     background, median = _border_background(pixels)
     foreground = np.sqrt(((pixels - median) ** 2).sum(-1)) > FOREGROUND_DISTANCE
     labels, count = ndimage.label(foreground)
