@@ -122,11 +122,25 @@ def test_unparallelize_restores_the_model(pool2, family):
         assert result["model_config"] is None and result["instance_attributes"] == []
 
 
+def settled_thread_count() -> int:
+    """This process's thread count once it holds still for 0.1 s (at most 2 s): a thread that is already on its
+    way out (gloo's, torch's) may still be counted just after ``unparallelize`` returns."""
+    import time
+
+    import psutil
+
+    readings = [psutil.Process().num_threads()]
+    for _ in range(100):
+        if len(readings) >= 5 and len(set(readings[-5:])) == 1:
+            break
+        time.sleep(0.02)
+        readings.append(psutil.Process().num_threads())
+    return readings[-1]
+
+
 def threads_after_cycles(cycles: int) -> list[int]:
     """This process's thread count after each parallelize / call / unparallelize cycle (garbage collected)."""
     import gc
-
-    import psutil
 
     pipe, counts = build_pipeline("pixart"), []
     for _ in range(cycles):
@@ -134,16 +148,18 @@ def threads_after_cycles(cycles: int) -> list[int]:
         generate(pipe, prompt_inputs(pipe, "pixart"), 64, 1)
         paradiff.unparallelize(pipe)
         gc.collect()
-        counts.append(psutil.Process().num_threads())
+        counts.append(settled_thread_count())
     return counts
 
 
 @pytest.mark.timeout(120)
 def test_unparallelize_shuts_down_the_groups_it_made(pool4):
     """The world, CFG-pair, half and one-rank groups of ulysses × cfg at 4 ranks: gloo keeps threads per group,
-    so groups left behind would add threads at every cycle."""
+    so groups left behind would add threads at every cycle (at least one per group, so 3 over the last 3 cycles).
+    One thread more or less at one reading is allowed: torch and gloo start and end helper threads of their own."""
     for counts in pool4.run(threads_after_cycles, 4):
-        assert counts[1:] == counts[:1] * 3, counts
+        assert max(counts[1:]) <= min(counts) + 1, counts
+        assert counts[-1] <= counts[0] + 1, counts
 
 
 def size_error(family: str, size: int, text_tokens: int | None = None) -> dict:
