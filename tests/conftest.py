@@ -15,6 +15,16 @@ its workers on the next ``run``, so one broken test does not break the ones afte
 from __future__ import annotations
 
 import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_as_found():
+    """Each test leaves this process's torch thread count as it found it: the CLI's rank functions, run here by
+    ``ranks_here``, set one thread per rank, which would halve every later test's compute on 2 cores."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
