@@ -3,16 +3,18 @@
     python benchmarks/follow_bench.py                        # both picture models, 24 held-out prompts x 2 seeds
     python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~8 min)
     python benchmarks/follow_bench.py --models paradiff-tiny-dit --weights /tmp/tiny/pixart   # other DiT weights
+    python benchmarks/follow_bench.py --models paradiff-tiny --guidance 4    # another guidance (or --size)
     python benchmarks/follow_bench.py --quick                # a smoke run: 4 prompts, 1 seed, 4 steps
 
-Each model draws every prompt of ``paradiff.builtin.scenes.HELD_OUT_PROMPTS`` (one shape each, whose kind,
-colour and place together the DiT never saw in training) with each seed, on one device, at its default size,
-20 steps, prompted as ``paradiff generate`` prompts it. Each picture is read by ``paradiff.builtin.follow``
-(from its pixels alone); the table gives, per model, the share of pictures that get the shape, the colour
-(at least 85% of the shape's pixels), the place and the background right, and all four at once. The video
-model draws each of ``paradiff.builtin.clips.TEST_PROMPTS`` (held out of its training) as one 16-frame clip,
-read frame by frame (``judge_clip``: shape and colour in 80% of the frames, the asked direction). With
-``--grid PATH`` it also writes the pictures as one PNG, four prompts a row. Prints the table and writes JSON.
+Each model draws every prompt of ``paradiff.builtin.scenes.HELD_OUT_PROMPTS`` (one shape each, whose kind, colour
+and place together a model trained with ``--hold-out`` never saw) with each seed, on one device, at its default
+size, 20 steps, prompted as ``paradiff generate`` prompts it (``--size`` and ``--guidance`` change those two). Each
+picture is read by ``paradiff.builtin.follow`` (from its pixels alone); the table gives, per model, the share of
+pictures that get the shape, the colour (at least 85% of the shape's pixels), the place and the background right,
+and all four at once. The video model draws each of ``paradiff.builtin.clips.TEST_PROMPTS`` (held out of its
+training) as one 16-frame clip, read frame by frame (``judge_clip``: shape and colour in 80% of the frames, the
+asked direction). With ``--grid PATH`` it also writes the pictures as one PNG, four prompts a row. Prints the table
+and writes JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paradiff.builtin import DEFAULT_SIZE, call_kwargs
+from paradiff.builtin import DEFAULT_SIZE, GUIDANCE_SCALE, call_kwargs
 from paradiff.builtin.clips import TEST_PROMPTS
 from paradiff.builtin.follow import CHECKS, CLIP_CHECKS, judge, judge_clip, rates
 from paradiff.builtin.scenes import HELD_OUT_PROMPTS
@@ -33,11 +35,10 @@ from paradiff.loading import TRAINED_MODELS, load_pipeline
 PICTURE_MODELS = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
 
 
-def draw_all(pipe, kind: str, prompts: list[str], seeds: list[int], steps: int) -> list[np.ndarray]:
-    """The picture (or clip) of every prompt with every seed (prompt-major), 12 pictures or 1 clip a call."""
-    calls = [(prompt, seed) for prompt in prompts for seed in seeds]
-    shared = {name: value for name, value in call_kwargs(kind, prompts[0], warn=False).items() if name != "prompt"}
-    size = DEFAULT_SIZE[kind]
+def draw_all(pipe, kind: str, calls: list[tuple[str, int]], steps: int, size: int, guidance: float) -> list[np.ndarray]:
+    """The picture (or clip) of every (prompt, seed), 12 pictures or 1 clip a call."""
+    shared = {name: value for name, value in call_kwargs(kind, calls[0][0], warn=False).items() if name != "prompt"}
+    shared["guidance_scale"] = guidance
     batch = 1 if kind == "video" else 12
     outputs = []
     for start in range(0, len(calls), batch):
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=len(HELD_OUT_PROMPTS))
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--size", type=int, help="picture side in pixels (default: each model's default size)")
+    parser.add_argument("--guidance", type=float, help="guidance scale (default: each model's built-in guidance)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="4 prompts, 1 seed, 4 steps")
     parser.add_argument("--grid", type=Path, help="also write each picture model's pictures to PATH (name appended)")
@@ -91,8 +94,9 @@ def main(argv: list[str] | None = None) -> None:
             denoiser = "unet" if kind == "sd" else "transformer"
             setattr(pipe, denoiser, type(getattr(pipe, denoiser)).from_pretrained(args.weights / denoiser))
         pipe.set_progress_bar_config(disable=True)
-        images = draw_all(pipe, kind, prompts, seeds, args.steps)
         calls = [(prompt, seed) for prompt in prompts for seed in seeds]
+        size, guidance = args.size or DEFAULT_SIZE[kind], args.guidance or GUIDANCE_SCALE[kind]
+        images = draw_all(pipe, kind, calls, args.steps, size, guidance)
         judged = [
             (judge_clip if video else judge)(image, prompt) for image, (prompt, _) in zip(images, calls, strict=True)
         ]
@@ -102,15 +106,15 @@ def main(argv: list[str] | None = None) -> None:
             if not all(j.values())
         }
         checks = CLIP_CHECKS if video else CHECKS
-        results.append({"model": model, "size": DEFAULT_SIZE[kind], "checks": checks, "drawn": len(images)})
+        results.append({"model": model, "size": size, "guidance": guidance, "checks": checks, "drawn": len(images)})
         results[-1] |= {"prompts": prompts, "rates": rates(judged), "misses": misses}
         if args.grid and not video:
             write_grid(images, 4 * len(seeds), args.grid.with_name(f"{args.grid.stem}-{model}{args.grid.suffix}"))
     for r in results:
-        print(f"| model | size | drawn | {' | '.join(r['checks'])} | all |")
-        print("|---|---|---|" + "---|" * (len(r["checks"]) + 1))
+        print(f"| model | size | guidance | drawn | {' | '.join(r['checks'])} | all |")
+        print("|---|---|---|---|" + "---|" * (len(r["checks"]) + 1))
         shares = " | ".join(f"{100 * r['rates'][check]:.0f}%" for check in (*r["checks"], "all"))
-        print(f"| {r['model']} | {r['size']} px | {r['drawn']} | {shares} |")
+        print(f"| {r['model']} | {r['size']} px | {r['guidance']:g} | {r['drawn']} | {shares} |")
     args.out.write_text(json.dumps({"seeds": seeds, "steps": args.steps, "results": results}, indent=1))
 
 

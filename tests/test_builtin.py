@@ -142,6 +142,25 @@ def test_a_stopped_dit_stage_resumes_to_the_weights_of_an_unbroken_run(short_run
     assert (args["out"] / "sd" / "vae").is_dir(), "the encoders' folder is copied beside the new pixart/"
 
 
+@pytest.mark.timeout(300)
+def test_the_training_script_trains_a_dit_of_another_patch_size_for_the_steps_asked(short_run, tmp_path, monkeypatch):
+    """``--dit-patch 2 --dit-steps 3``: the DiT written has 2x2-latent patches and was trained 3 steps (its saved
+    state says so), and its pipeline draws at the training size."""
+    import paradiff.builtin.train as training
+
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
+    out, state = tmp_path / "out", tmp_path / "state"
+    training.main(
+        ["--out", str(out), "--scale", "0.001", "--encoders", str(short_run / "sd"), "--denoisers", "dit"]
+        + ["--dit-patch", "2", "--dit-steps", "3", "--checkpoints", str(state)]
+    )
+    assert torch.load(state / "dit.pt", weights_only=False)["step"] == 3
+    pixart = DiffusionPipeline.from_pretrained(out / "pixart")
+    assert pixart.transformer.config.patch_size == 2
+    image = pixart("a red circle", num_inference_steps=2, output_type="np").images
+    assert image.shape == (1, 256, 256, 3) and np.isfinite(image).all()
+
+
 def test_shipped_weights_are_small_and_load_offline():
     pictures = [path for path in WEIGHTS.rglob("*") if path.is_file() and path.relative_to(WEIGHTS).parts[0] != "video"]
     assert sum(path.stat().st_size for path in pictures) <= 20 * 2**20

@@ -22,7 +22,8 @@ loads them as float32 unless told otherwise), the shared components once, linked
 ``--hold-out`` leaves the scenes that show a shape of ``scenes.HELD_OUT_PROMPTS`` out of the data, so the follow
 measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers dit`` trains the DiT alone on an
 earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the DiT stage's state every
-:data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run.
+:data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
+and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps.
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -371,10 +372,14 @@ def train(
     denoisers: tuple[str, ...] = DENOISERS,
     checkpoints: Path | None = None,
     hold_out: bool = False,
+    dit_patch: int = 4,
+    dit_steps: int | None = None,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
     ``denoisers``; with ``checkpoints`` (a folder) the DiT stage saves its state there and resumes from it; with
-    ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`)."""
+    ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``
+    and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size and training steps; a
+    stage resumed with more steps than it was saved under goes on with the longer run's learning rate."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -414,11 +419,11 @@ def train(
         shutil.copytree(encoders, out / "sd")
     if "dit" in denoisers:
         torch.manual_seed(seed + 7)
-        dit = build_dit()
+        dit = build_dit(dit_patch)
         generator = torch.Generator().manual_seed(seed + 4)
         resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
         batches = denoiser_batches(latents * vae.config.scaling_factor, captions, tokenizer, generator)
-        train_dit(dit, text_encoder, batches, scaled(DIT_STEPS), resumable)
+        train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
         save_pixart(out, tokenizer, text_encoder, vae, dit)
 
 
@@ -438,12 +443,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--hold-out", action="store_true", help="leave the held-out prompts' shapes out of the denoisers' data"
     )
+    parser.add_argument("--dit-patch", type=int, choices=(2, 4), default=4, help="the DiT's patch size in latents")
+    parser.add_argument("--dit-steps", type=int, help=f"the DiT's training steps (default: {DIT_STEPS} x --scale)")
     args = parser.parse_args(argv)
     if args.encoders is None and tuple(args.denoisers) != DENOISERS:
         parser.error("--denoisers needs --encoders (the VAE and text encoder the denoisers train on)")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    train(args.out, args.scale, args.seed, args.encoders, tuple(args.denoisers), args.checkpoints, args.hold_out)
+    train(
+        args.out,
+        args.scale,
+        args.seed,
+        args.encoders,
+        tuple(args.denoisers),
+        args.checkpoints,
+        args.hold_out,
+        args.dit_patch,
+        args.dit_steps,
+    )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
