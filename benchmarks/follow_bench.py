@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
             setattr(pipe, denoiser, type(getattr(pipe, denoiser)).from_pretrained(args.weights / denoiser))
         pipe.set_progress_bar_config(disable=True)
         calls = [(prompt, seed) for prompt in prompts for seed in seeds]
-        size, guidance = args.size or DEFAULT_SIZE[kind], args.guidance or GUIDANCE_SCALE[kind]
+        size = DEFAULT_SIZE[kind] if args.size is None else args.size
+        guidance = GUIDANCE_SCALE[kind] if args.guidance is None else args.guidance
         images = draw_all(pipe, kind, calls, args.steps, size, guidance)
         judged = [
             (judge_clip if video else judge)(image, prompt) for image, (prompt, _) in zip(images, calls, strict=True)

@@ -159,7 +159,6 @@ def test_unparallelize_shuts_down_the_groups_it_made(pool4):
     One thread more or less at one reading is allowed: torch and gloo start and end helper threads of their own."""
     for counts in pool4.run(threads_after_cycles, 4):
         assert max(counts[1:]) <= min(counts) + 1, counts
-        assert counts[-1] <= counts[0] + 1, counts
 
 
 def size_error(family: str, size: int, text_tokens: int | None = None) -> dict:
