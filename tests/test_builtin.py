@@ -144,21 +144,39 @@ def test_a_stopped_dit_stage_resumes_to_the_weights_of_an_unbroken_run(short_run
 
 @pytest.mark.timeout(300)
 def test_the_training_script_trains_a_dit_of_another_patch_size_for_the_steps_asked(short_run, tmp_path, monkeypatch):
-    """``--dit-patch 2 --dit-steps 3``: the DiT written has 2x2-latent patches and was trained 3 steps (its saved
-    state says so), and its pipeline draws at the training size."""
+    """``--dit-patch 2 --dit-steps 3 --dit-tune 2``: the DiT has 2x2-latent patches, was trained 3 steps and then
+    tuned 2 (the saved states say so), the DiT written is the tuning's moving average of the weights, not the
+    weights, and its pipeline draws at the training size."""
     import paradiff.builtin.train as training
 
     monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
     out, state = tmp_path / "out", tmp_path / "state"
     training.main(
         ["--out", str(out), "--scale", "0.001", "--encoders", str(short_run / "sd"), "--denoisers", "dit"]
-        + ["--dit-patch", "2", "--dit-steps", "3", "--checkpoints", str(state)]
+        + ["--dit-patch", "2", "--dit-steps", "3", "--dit-tune", "2", "--checkpoints", str(state)]
     )
     assert torch.load(state / "dit.pt", weights_only=False)["step"] == 3
+    tuned = torch.load(state / "dit-tune.pt", weights_only=False)
+    assert tuned["step"] == 2
+    written = load_file(next((out / "pixart" / "transformer").glob("*.safetensors")))
+    assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
+    assert not all(torch.equal(written[name], tuned["dit"][name].half()) for name in written)
     pixart = DiffusionPipeline.from_pretrained(out / "pixart")
     assert pixart.transformer.config.patch_size == 2
     image = pixart("a red circle", num_inference_steps=2, output_type="np").images
     assert image.shape == (1, 256, 256, 3) and np.isfinite(image).all()
+
+
+def test_the_dit_tuning_draws_half_its_batches_at_high_noise():
+    """Uniform timesteps below :data:`HIGH_NOISE_FROM` and above it, in the shares ``--dit-tune`` asks for."""
+    from paradiff.builtin.train import HIGH_NOISE_FROM, HIGH_NOISE_SHARE, denoiser_batches
+
+    latents, captions = torch.zeros(4, 4, 8, 8), ["a red circle"] * 4
+    for high_noise, share in ((False, 0.5), (True, HIGH_NOISE_SHARE + (1 - HIGH_NOISE_SHARE) / 2)):
+        batches = denoiser_batches(latents, captions, build_tokenizer(), torch.Generator().manual_seed(0), high_noise)
+        timesteps = torch.cat([next(batches)[2] for _ in range(200)])
+        assert timesteps.min() >= 0 and timesteps.max() <= 999
+        assert abs((timesteps >= HIGH_NOISE_FROM).float().mean() - share) < 0.03
 
 
 def test_shipped_weights_are_small_and_load_offline():
