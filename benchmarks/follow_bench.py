@@ -11,10 +11,10 @@ and place together a model trained with ``--hold-out`` never saw) with each seed
 size, 20 steps, prompted as ``paradiff generate`` prompts it (``--size`` and ``--guidance`` change those two). Each
 picture is read by ``paradiff.builtin.follow`` (from its pixels alone); the table gives, per model, the share of
 pictures that get the shape, the colour (at least 85% of the shape's pixels), the place and the background right,
-and all four at once. The video model draws each of ``paradiff.builtin.clips.TEST_PROMPTS`` (held out of its
-training) as one 16-frame clip, read frame by frame (``judge_clip``: shape and colour in 80% of the frames, the
-asked direction). With ``--grid PATH`` it also writes the pictures as one PNG, four prompts a row. Prints the table
-and writes JSON.
+and all four at once; a line under it, the shape's rate for each asked kind. The video model draws each of
+``paradiff.builtin.clips.TEST_PROMPTS`` (held out of its training) as one 16-frame clip, read frame by frame
+(``judge_clip``: shape and colour in 80% of the frames, the asked direction). With ``--grid PATH`` it also writes
+the pictures as one PNG, four prompts a row. Prints the table and writes JSON.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from paradiff.builtin import DEFAULT_SIZE, GUIDANCE_SCALE, call_kwargs
 from paradiff.builtin.clips import TEST_PROMPTS
 from paradiff.builtin.follow import CHECKS, CLIP_CHECKS, judge, judge_clip, rates
-from paradiff.builtin.scenes import HELD_OUT_PROMPTS
+from paradiff.builtin.scenes import HELD_OUT_PROMPTS, SHAPES
 from paradiff.loading import TRAINED_MODELS, load_pipeline
 
 PICTURE_MODELS = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
@@ -107,8 +107,14 @@ def main(argv: list[str] | None = None) -> None:
             if not all(j.values())
         }
         checks = CLIP_CHECKS if video else CHECKS
+        asked_kinds = [next(word for word in prompt.split() if word in SHAPES) for prompt, _ in calls]
+        by_kind = {
+            kind: rates([j for j, asked in zip(judged, asked_kinds, strict=True) if asked == kind])["shape"]
+            for kind in SHAPES
+            if kind in asked_kinds
+        }
         results.append({"model": model, "size": size, "guidance": guidance, "checks": checks, "drawn": len(images)})
-        results[-1] |= {"prompts": prompts, "rates": rates(judged), "misses": misses}
+        results[-1] |= {"prompts": prompts, "rates": rates(judged), "shape_by_kind": by_kind, "misses": misses}
         if args.grid and not video:
             write_grid(images, 4 * len(seeds), args.grid.with_name(f"{args.grid.stem}-{model}{args.grid.suffix}"))
     for r in results:
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         print("|---|---|---|---|" + "---|" * (len(r["checks"]) + 1))
         shares = " | ".join(f"{100 * r['rates'][check]:.0f}%" for check in (*r["checks"], "all"))
         print(f"| {r['model']} | {r['size']} px | {r['guidance']:g} | {r['drawn']} | {shares} |")
+        print("shape right by asked kind: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["shape_by_kind"].items()))
     args.out.write_text(json.dumps({"seeds": seeds, "steps": args.steps, "results": results}, indent=1))
 
 
