@@ -23,7 +23,8 @@ loads them as float32 unless told otherwise), the shared components once, linked
 measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers dit`` trains the DiT alone on an
 earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the DiT stage's state every
 :data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
-and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps.
+and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
+tunes it N steps mostly at high noise (:func:`tune_dit`).
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
