@@ -168,15 +168,15 @@ def test_the_training_script_trains_a_dit_of_another_patch_size_for_the_steps_as
 
 
 def test_the_dit_tuning_draws_half_its_batches_at_high_noise():
-    """Uniform timesteps below :data:`HIGH_NOISE_FROM` and above it, in the shares ``--dit-tune`` asks for."""
-    from paradiff.builtin.train import HIGH_NOISE_FROM, HIGH_NOISE_SHARE, denoiser_batches
+    """Uniform timesteps below :data:`DIT_TUNE_HIGH_FROM` and above it, in the shares ``--dit-tune`` asks for."""
+    from paradiff.builtin.train import DIT_TUNE_HIGH_FROM, DIT_TUNE_HIGH_SHARE, denoiser_batches
 
     latents, captions = torch.zeros(4, 4, 8, 8), ["a red circle"] * 4
-    for high_noise, share in ((False, 0.5), (True, HIGH_NOISE_SHARE + (1 - HIGH_NOISE_SHARE) / 2)):
+    for high_noise, share in ((False, 0.5), (True, DIT_TUNE_HIGH_SHARE + (1 - DIT_TUNE_HIGH_SHARE) / 2)):
         batches = denoiser_batches(latents, captions, build_tokenizer(), torch.Generator().manual_seed(0), high_noise)
         timesteps = torch.cat([next(batches)[2] for _ in range(200)])
         assert timesteps.min() >= 0 and timesteps.max() <= 999
-        assert abs((timesteps >= HIGH_NOISE_FROM).float().mean() - share) < 0.03
+        assert abs((timesteps >= DIT_TUNE_HIGH_FROM).float().mean() - share) < 0.03
 
 
 def test_shipped_weights_are_small_and_load_offline():

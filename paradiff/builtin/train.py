@@ -69,8 +69,9 @@ TEXT_STEPS, TEXT_BATCH = 600, 64
 UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
 UNET_LR, DIT_LR = 1e-3, 1e-3
 #: The DiT's tuning stage (``--dit-tune``): its peak learning rate, the share of each batch whose timestep is drawn
-#: from :data:`HIGH_NOISE_FROM` up, and the decay of the moving average of its weights that it writes.
-DIT_TUNE_LR, HIGH_NOISE_SHARE, HIGH_NOISE_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
+#: from :data:`DIT_TUNE_HIGH_FROM` up, and the decay of the moving average of its weights that it writes. The
+#: video model's high-noise stage has its own share, floor and draw: each keeps the weights it made.
+DIT_TUNE_LR, DIT_TUNE_HIGH_SHARE, DIT_TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
 #: Steps between the saved states a stopped DiT stage resumes from (``--checkpoints``).
 CHECKPOINT_EVERY = 250
 CAPTION_DROPOUT = 0.1
@@ -236,8 +237,8 @@ def denoiser_batches(
     latents, captions, tokenizer, generator: torch.Generator, high_noise: bool = False
 ) -> Iterator[tuple]:
     """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks), drawn by ``generator``;
-    with ``high_noise``, about :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
-    :data:`HIGH_NOISE_FROM` up."""
+    with ``high_noise``, about :data:`DIT_TUNE_HIGH_SHARE` of each batch has its timestep drawn from
+    :data:`DIT_TUNE_HIGH_FROM` up."""
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
         index = torch.randint(len(captions), (DENOISER_BATCH,), generator=generator)
@@ -249,8 +250,8 @@ def denoiser_batches(
         levels = NOISE_SCHEDULE["num_train_timesteps"]
         if high_noise:
             uniform = torch.rand(DENOISER_BATCH, generator=generator)
-            high = torch.rand(DENOISER_BATCH, generator=generator) < HIGH_NOISE_SHARE
-            lowest = torch.where(high, HIGH_NOISE_FROM, 0)
+            high = torch.rand(DENOISER_BATCH, generator=generator) < DIT_TUNE_HIGH_SHARE
+            lowest = torch.where(high, DIT_TUNE_HIGH_FROM, 0)
             timesteps = (lowest + uniform * (levels - lowest)).long().clamp(max=levels - 1)
         else:
             timesteps = torch.randint(levels, (DENOISER_BATCH,), generator=generator)
@@ -351,9 +352,10 @@ def tune_dit(
     average of its weights over that run (the DiT this returns).
 
     A small DiT puts the asked colour in the asked place long before it draws the asked kind, and then draws
-    every kind as the same blob: replacing the kind word in the caption barely changes its loss below
-    t = 400, so most of its uniformly drawn steps teach it nothing about kinds; at high noise, where the
-    outline is decided, they do. The average smooths the steps' noise out of the outline."""
+    every kind as the same blob: replacing the kind word in the caption barely changes its loss at low
+    noise, so most of its uniformly drawn steps teach it nothing about kinds; at high noise, where the
+    outline is decided, they do (docs/benchmarks.md has the figures). The average smooths the steps' noise
+    out of the outline."""
     average = copy.deepcopy(dit).requires_grad_(False)
     modules = {"dit": dit, "average": average}
     resumable = Resumable(checkpoints / "dit-tune.pt", modules, generator) if checkpoints else None
