@@ -474,11 +474,12 @@ def train(
         dit = build_dit(dit_patch)
         generator = torch.Generator().manual_seed(seed + 4)
         resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
-        batches = denoiser_batches(latents * vae.config.scaling_factor, captions, tokenizer, generator)
+        dit_latents = latents * vae.config.scaling_factor
+        batches = denoiser_batches(dit_latents, captions, tokenizer, generator)
         train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
         if dit_tune:
             generator = torch.Generator().manual_seed(seed + 11)
-            batches = denoiser_batches(latents * vae.config.scaling_factor, captions, tokenizer, generator, True)
+            batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True)
             dit = tune_dit(dit, text_encoder, batches, generator, dit_tune, checkpoints)
         save_pixart(out, tokenizer, text_encoder, vae, dit)
 
