@@ -179,6 +179,49 @@ def test_the_dit_tuning_draws_half_its_batches_at_high_noise():
         assert abs((timesteps >= DIT_TUNE_HIGH_FROM).float().mean() - share) < 0.03
 
 
+def test_the_kind_region_is_where_a_circle_a_square_and_a_triangle_differ():
+    """Inside all three kinds (the centre) and outside all three (the background): not in it; a square's corner,
+    which neither the circle nor the triangle covers: in it."""
+    from paradiff.builtin.scenes import SIZES, Scene, Shape
+
+    scene = Scene((Shape("circle", "red", "large", "in the center"),), "white", "a red circle", ((0.0, 0.0),))
+    region, r = scene.kind_region(256), SIZES["large"] * 256 / 2
+    assert not region[128, 128] and not region[5, 5] and not region[128, 128 + round(1.3 * r)]
+    corner = 128 + round(0.85 * r)
+    assert region[corner, corner] and region[128 - round(0.95 * r), 128]
+    assert 0.02 < region.mean() < 0.12
+
+
+def test_the_tuning_batches_weigh_each_latent_by_its_own_kind_map():
+    """The weights of a drawn latent are 1 + KIND_WEIGHT x that latent's map (told apart by its caption's colour),
+    and None without maps; the weighted loss counts an error in the region that many times one outside."""
+    from paradiff.builtin.train import KIND_WEIGHT, denoiser_batches, weighted_mse
+
+    tokenizer, colours = build_tokenizer(), sorted(COLOURS)
+    captions = [f"a {colour} circle" for colour in colours]
+    maps = torch.rand(len(colours), 1, 8, 8)
+    batches = denoiser_batches(torch.zeros(len(colours), 4, 8, 8), captions, tokenizer, torch.Generator(), True, maps)
+    checked = 0
+    for _ in range(5):
+        *_, ids, _, weights = next(batches)
+        for row, weight in zip(ids, weights, strict=True):
+            named = [colour for colour in colours if tokenizer.convert_tokens_to_ids(colour) in row.tolist()]
+            if named:
+                assert torch.equal(weight, 1 + KIND_WEIGHT * maps[colours.index(named[0])])
+                checked += 1
+    assert checked > 40
+    plain = denoiser_batches(torch.zeros(2, 4, 8, 8), captions[:2], tokenizer, torch.Generator(), True)
+    assert next(plain)[-1] is None
+
+    target, inside = torch.zeros(1, 1, 2, 2), torch.tensor([[[[1.0, 0.0], [0.0, 0.0]]]])
+    weights = 1 + KIND_WEIGHT * inside
+    error_inside, error_outside = inside.clone(), torch.tensor([[[[0.0, 1.0], [0.0, 0.0]]]])
+    ratio = weighted_mse(error_inside, target, weights) / weighted_mse(error_outside, target, weights)
+    assert ratio == pytest.approx(1 + KIND_WEIGHT)
+    assert weighted_mse(error_inside, target, None) == pytest.approx(0.25)
+    assert weighted_mse(error_inside, target, torch.full_like(target, 3.0)) == pytest.approx(0.25)
+
+
 def test_shipped_weights_are_small_and_load_offline():
     pictures = [path for path in WEIGHTS.rglob("*") if path.is_file() and path.relative_to(WEIGHTS).parts[0] != "video"]
     assert sum(path.stat().st_size for path in pictures) <= 20 * 2**20

@@ -7,6 +7,7 @@ import types
 
 import numpy as np
 import pytest
+import torch
 
 from paradiff.builtin.clips import make_clips
 from paradiff.builtin.follow import CHECKS, Asked, judge, judge_clip, rates, read
@@ -110,13 +111,28 @@ def test_training_data_leaves_the_held_out_shapes_out():
         encode=lambda pixels: types.SimpleNamespace(latent_dist=types.SimpleNamespace(mean=pixels[:, :4, ::8, ::8]))
     )
     scenes = make_scenes(400, seed=2)
-    latents, captions = encode_dataset(vae, 400, seed=2, size=64, hold_out=True)
+    latents, captions, kind_maps = encode_dataset(vae, 400, seed=2, size=64, hold_out=True)
     every = [caption for scene in scenes for caption in (scene.caption, mirrored(scene))]
     assert not any(shows_held_out(caption) for caption in captions)
-    assert len(captions) == len(latents) == sum(not shows_held_out(caption) for caption in every) < len(every)
+    assert len(captions) == len(latents) == len(kind_maps) == sum(not shows_held_out(c) for c in every) < len(every)
     mirrored_out = [s for s in scenes if shows_held_out(mirrored(s)) and not shows_held_out(s.caption)]
     assert mirrored_out and all(s.caption in captions and mirrored(s) not in captions for s in mirrored_out)
     assert sorted(encode_dataset(vae, 400, seed=2, size=64)[1]) == sorted(every)
+
+
+def test_each_latent_comes_with_its_own_scenes_kind_map():
+    """The maps follow the latents' order (scenes, then their mirror images) and size: each is the share of its
+    latent's pixels in the scene's kind region, flipped with the mirror image."""
+    vae = types.SimpleNamespace(
+        encode=lambda pixels: types.SimpleNamespace(latent_dist=types.SimpleNamespace(mean=pixels[:, :4, ::8, ::8]))
+    )
+    latents, _, kind_maps = encode_dataset(vae, 32, seed=2, size=64)
+    assert kind_maps.shape == (64, 1, 8, 8) == (len(latents), 1, *latents.shape[-2:])
+    for index, scene in enumerate(make_scenes(32, seed=2)):
+        shares = torch.from_numpy(scene.kind_region(64).reshape(8, 8, 8, 8).mean((1, 3)))
+        assert torch.allclose(kind_maps[index, 0], shares.float())
+        assert torch.allclose(kind_maps[32 + index, 0], shares.float().flip(-1))
+        assert shares.max() > 0
 
 
 def test_reads_the_training_clips_and_their_reversals():

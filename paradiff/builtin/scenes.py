@@ -81,6 +81,21 @@ class Scene:
             draw_shape(pen, shape.kind, COLOURS[shape.colour], centre, SIZES[shape.size] * big)
         return np.asarray(image.resize((size, size), Image.Resampling.LANCZOS))
 
+    def kind_region(self, size: int = IMAGE_SIZE) -> np.ndarray:
+        """The ``(size, size)`` pixels whose colour depends on which kind each shape is: those that a circle, a
+        square and a triangle of the shape's size, drawn where it is, do not all cover or all leave bare."""
+        region = np.zeros((size, size), bool)
+        for shape, (dx, dy) in zip(self.shapes, self.jitter, strict=True):
+            cx, cy = PLACES[shape.place]
+            centre, diameter = ((cx + dx) * size, (cy + dy) * size), SIZES[shape.size] * size
+            covered = []
+            for kind in SHAPES:
+                mask = Image.new("1", (size, size), 0)
+                draw_shape(ImageDraw.Draw(mask), kind, 1, centre, diameter)
+                covered.append(np.asarray(mask, bool))
+            region |= np.logical_or.reduce(covered) & ~np.logical_and.reduce(covered)
+        return region
+
 
 def draw_shape(pen: ImageDraw.ImageDraw, kind: str, colour, centre: tuple[float, float], diameter: float) -> None:
     (cx, cy), r = centre, diameter / 2

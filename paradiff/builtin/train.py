@@ -24,7 +24,7 @@ measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers
 earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the DiT stage's state every
 :data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
 and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
-tunes it N steps mostly at high noise (:func:`tune_dit`).
+tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune_dit`).
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -72,6 +72,9 @@ UNET_LR, DIT_LR = 1e-3, 1e-3
 #: from :data:`DIT_TUNE_HIGH_FROM` up, and the decay of the moving average of its weights that it writes. The
 #: video model's high-noise stage has its own share, floor and draw: each keeps the weights it made.
 DIT_TUNE_LR, DIT_TUNE_HIGH_SHARE, DIT_TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
+#: How many times more the tuning stage's loss counts a latent wholly inside a scene's kind region
+#: (:meth:`~paradiff.builtin.scenes.Scene.kind_region`) than one outside it.
+KIND_WEIGHT = 10.0
 #: Steps between the saved states a stopped DiT stage resumes from (``--checkpoints``).
 CHECKPOINT_EVERY = 250
 CAPTION_DROPOUT = 0.1
@@ -208,24 +211,31 @@ def mirrored(scene: Scene) -> str:
 
 
 @torch.no_grad()
-def encode_dataset(vae, count: int, seed: int, size: int, hold_out: bool = False) -> tuple[torch.Tensor, list[str]]:
-    """Latents (unscaled means) and captions of ``count`` scenes and their mirror images, drawn at ``size`` px;
-    with ``hold_out``, less those that show a held-out prompt's shape (:func:`~paradiff.builtin.scenes.shows_held_out`).
+def encode_dataset(
+    vae, count: int, seed: int, size: int, hold_out: bool = False
+) -> tuple[torch.Tensor, list[str], torch.Tensor]:
+    """Latents (unscaled means), captions and kind maps of ``count`` scenes and their mirror images, drawn at
+    ``size`` px; with ``hold_out``, less those that show a held-out prompt's shape
+    (:func:`~paradiff.builtin.scenes.shows_held_out`). A kind map is the share of each latent's pixels that lie in
+    the scene's kind region (:meth:`~paradiff.builtin.scenes.Scene.kind_region`), shaped ``(1, h, w)``.
     """
     scenes = make_scenes(count, seed)
-    latents, captions = [], []
+    latents, captions, maps = [], [], []
     for first in range(0, count, 32):
         batch = scenes[first : first + 32]
         pixels = to_pixels(np.stack([scene.draw(size) for scene in batch]))
         means = vae.encode(torch.cat([pixels, pixels.flip(-1)])).latent_dist.mean
+        regions = torch.from_numpy(np.stack([scene.kind_region(size) for scene in batch])[:, None]).float()
+        regions = F.adaptive_avg_pool2d(regions, means.shape[-2:])
         latents.append(means)
+        maps.append(torch.cat([regions, regions.flip(-1)]))
         captions += [scene.caption for scene in batch] + [mirrored(scene) for scene in batch]
     if not hold_out:
         log(f"encoded {len(captions)} scenes")
-        return torch.cat(latents), captions
+        return torch.cat(latents), captions, torch.cat(maps)
     kept = [index for index, caption in enumerate(captions) if not shows_held_out(caption)]
     log(f"encoded {len(captions)} scenes, kept {len(kept)} (the others show a held-out prompt's shape)")
-    return torch.cat(latents)[kept], [captions[index] for index in kept]
+    return torch.cat(latents)[kept], [captions[index] for index in kept], torch.cat(maps)[kept]
 
 
 def token_ids(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,11 +244,12 @@ def token_ids(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def denoiser_batches(
-    latents, captions, tokenizer, generator: torch.Generator, high_noise: bool = False
+    latents, captions, tokenizer, generator: torch.Generator, high_noise: bool = False, kind_maps=None
 ) -> Iterator[tuple]:
-    """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks), drawn by ``generator``;
-    with ``high_noise``, about :data:`DIT_TUNE_HIGH_SHARE` of each batch has its timestep drawn from
-    :data:`DIT_TUNE_HIGH_FROM` up."""
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks, loss weights), drawn by
+    ``generator``; with ``high_noise``, about :data:`DIT_TUNE_HIGH_SHARE` of each batch has its timestep drawn from
+    :data:`DIT_TUNE_HIGH_FROM` up. The loss weights are None (an even loss), or with ``kind_maps`` (one per latent,
+    see :func:`encode_dataset`) 1 plus :data:`KIND_WEIGHT` times each drawn latent's map."""
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
         index = torch.randint(len(captions), (DENOISER_BATCH,), generator=generator)
@@ -258,7 +269,17 @@ def denoiser_batches(
         noisy = noise_schedule.add_noise(clean, noise, timesteps)
         target = noise_schedule.get_velocity(clean, noise, timesteps)
         ids, mask = token_ids(tokenizer, batch_captions)
-        yield noisy, target, timesteps, ids, mask
+        weights = None if kind_maps is None else 1 + KIND_WEIGHT * kind_maps[index]
+        yield noisy, target, timesteps, ids, mask, weights
+
+
+def weighted_mse(prediction: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean squared error with each element counted by ``weights`` (broadcast), over their mean weight, so that
+    a weighted loss reads on the scale of the even one; None: the even mean."""
+    if weights is None:
+        return F.mse_loss(prediction, target)
+    weights = weights.expand_as(prediction)
+    return ((prediction - target) ** 2 * weights).mean() / weights.mean()
 
 
 def train_text_encoder(
@@ -308,7 +329,7 @@ def train_unet(unet, text_encoder, batches, steps: int) -> None:
     """The U-Net; the text encoder sees no attention mask, as in the SD pipeline."""
 
     def loss_at(step: int) -> torch.Tensor:
-        noisy, target, timesteps, ids, _ = next(batches)
+        noisy, target, timesteps, ids, _, _ = next(batches)
         with torch.no_grad():
             text = text_encoder(ids)[0]
         prediction = unet(noisy, timesteps, encoder_hidden_states=text).sample
@@ -330,7 +351,7 @@ def train_dit(
     no_extra_conditions = {"resolution": None, "aspect_ratio": None}
 
     def loss_at(step: int) -> torch.Tensor:
-        noisy, target, timesteps, ids, mask = next(batches)
+        noisy, target, timesteps, ids, mask, weights = next(batches)
         with torch.no_grad():
             text = text_encoder(ids, attention_mask=mask)[0]
         prediction = dit(
@@ -340,7 +361,7 @@ def train_dit(
             timestep=timesteps,
             added_cond_kwargs=no_extra_conditions,
         ).sample
-        return F.mse_loss(prediction, target)
+        return weighted_mse(prediction, target, weights)
 
     optimise(dit.parameters(), steps, peak_lr, loss_at, "dit" if average is None else "dit tuning", resumable, average)
 
@@ -348,14 +369,16 @@ def train_dit(
 def tune_dit(
     dit, text_encoder, batches, generator: torch.Generator, steps: int, checkpoints: Path | None
 ) -> torch.nn.Module:
-    """The trained DiT further, at half the learning rate with half of each batch at high noise, and the moving
-    average of its weights over that run (the DiT this returns).
+    """The trained DiT further, at half the learning rate with half of each batch at high noise and the loss
+    weighted up on the kind region (``batches`` from :func:`denoiser_batches` with both), and the moving average
+    of its weights over that run (the DiT this returns).
 
     A small DiT puts the asked colour in the asked place long before it draws the asked kind, and then draws
     every kind as the same blob: replacing the kind word in the caption barely changes its loss at low
     noise, so most of its uniformly drawn steps teach it nothing about kinds; at high noise, where the
-    outline is decided, they do (docs/benchmarks.md has the figures). The average smooths the steps' noise
-    out of the outline."""
+    outline is decided, they do. Even there the few latents where a circle, a square and a triangle differ
+    are a small share of an even loss, so the loss counts them :data:`KIND_WEIGHT` times (docs/benchmarks.md
+    has the figures). The average smooths the steps' noise out of the outline."""
     average = copy.deepcopy(dit).requires_grad_(False)
     modules = {"dit": dit, "average": average}
     resumable = Resumable(checkpoints / "dit-tune.pt", modules, generator) if checkpoints else None
@@ -448,7 +471,7 @@ def train(
     vae.requires_grad_(False).eval()
     log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
     count = max(32, round(DATASET_SCENES * scale))
-    latents, captions = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out)
+    latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out)
     if encoders is None:
         vae.register_to_config(scaling_factor=float(1 / latents.std()))
         torch.manual_seed(seed + 5)
@@ -459,7 +482,7 @@ def train(
     text_encoder.eval()
 
     if "unet" in denoisers:
-        small_latents, small_captions = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out)
+        small_latents, small_captions, _ = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out)
         torch.manual_seed(seed + 6)
         unet = build_unet()
         generator = torch.Generator().manual_seed(seed + 3)
@@ -479,7 +502,7 @@ def train(
         train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
         if dit_tune:
             generator = torch.Generator().manual_seed(seed + 11)
-            batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True)
+            batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True, kind_maps)
             dit = tune_dit(dit, text_encoder, batches, generator, dit_tune, checkpoints)
         save_pixart(out, tokenizer, text_encoder, vae, dit)
 
@@ -503,7 +526,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dit-patch", type=int, choices=(2, 4), default=4, help="the DiT's patch size in latents")
     parser.add_argument("--dit-steps", type=int, help=f"the DiT's training steps (default: {DIT_STEPS} x --scale)")
     parser.add_argument(
-        "--dit-tune", type=int, default=0, help="then tune the DiT this many steps, mostly at high noise (default: 0)"
+        "--dit-tune",
+        type=int,
+        default=0,
+        help="then tune the DiT this many steps, mostly at high noise, weighted to the outlines (default: 0)",
     )
     args = parser.parse_args(argv)
     if args.encoders is None and tuple(args.denoisers) != DENOISERS:
