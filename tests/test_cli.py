@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,11 +20,16 @@ from scene_analysis import background_of
 from test_docs import README_FIRST
 
 import paradiff
+from paradiff.builtin.follow import judge
 from paradiff.cli import build_parser, main
 from paradiff.cli.summary import format_bytes, format_fidelity, format_speedup, summary_lines
 from paradiff.launch.quiet import quiet_output
 from paradiff.loading import load_pipeline
 from paradiff.tiny import build_pipeline, prompt_inputs, save
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The picture the README shows under its first command: ``![...](path)``.
+README_PICTURE = re.compile(r"!\[[^\]]*\]\((samples/[^)]+\.png)\)")
 
 #: Bad input must be refused before any image is drawn: loading the model on 2 ranks takes seconds, drawing
 #: the one-device reference would show its labelled progress bar. The bound is loose: the 2 cores are shared.
@@ -52,9 +58,17 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
     out = tmp_path / words[-1]
     done = run_cli(*words[1:], env=cli_env(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    with Image.open(out) as image:  # the built-in DiT at 512 px under cfg
-        assert image.format == "PNG" and image.size == (512, 512) and image.mode == "RGB"
-        assert background_of(np.asarray(image)) == "white", "the picture follows the prompt"
+    with Image.open(out) as image:  # the built-in DiT at 256 px under cfg
+        assert image.format == "PNG" and image.size == (256, 256) and image.mode == "RGB"
+        drawn = np.asarray(image, dtype=np.float64)
+    assert background_of(drawn.astype(np.uint8)) == "white", "the picture follows the prompt"
+    shown = README_PICTURE.search((ROOT / "README.md").read_text())
+    assert shown, "the README shows the picture its first command draws"
+    with Image.open(ROOT / shown.group(1)) as image:
+        picture = np.asarray(image.convert("RGB"), dtype=np.float64)
+    psnr = 10 * math.log10(255**2 / max(float(np.mean((drawn - picture) ** 2)), 1e-12))
+    assert psnr >= 40, f"the README's picture is not what its first command draws now ({psnr:.1f} dB)"
+    assert all(judge(picture.astype(np.uint8), words[2]).values()), "the follow measure reads it as its prompt"
     lines = done.stdout.splitlines()
     assert lines[0] == f"wrote {words[-1]}" and len(lines) == 5, done.stdout
     assert re.fullmatch(r"one device: \d+\.\d\d s", lines[1]), lines

@@ -39,12 +39,11 @@ PIPELINES = ("sd", "pixart", "video")
 GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0, "video": 2.0}
 #: The picture size (px) each pipeline is drawn at by default. The U-Net was trained at 128 px and tells
 #: places apart only there (its 4x4 bottleneck's zero padding marks the 3x3 grid; at 256 px and up it
-#: repeats shapes along the borders). The DiT, trained at 256 px, places shapes as well at 512 px
-#: (with :func:`call_kwargs`), where one image is enough work for 2 CPU ranks to beat one
-#: (``benchmarks/builtin_default_bench.py``).
-#: The video model draws at its training size, 256 px, :data:`FRAMES` frames (its temporal position table
-#: has that many rows).
-DEFAULT_SIZE = {"sd": 128, "pixart": 512, "video": 256}
+#: repeats shapes along the borders). The DiT draws at its training size, 256 px, where its 2x2-latent
+#: patches make 256 tokens, enough work for 2 CPU ranks to beat one (``benchmarks/builtin_default_bench.py``);
+#: larger, its edges fray. The video model draws at its training size, 256 px, :data:`FRAMES` frames (its
+#: temporal position table has that many rows).
+DEFAULT_SIZE = {"sd": 128, "pixart": 256, "video": 256}
 
 
 def pipeline_folder(kind: str) -> Path:

@@ -25,7 +25,7 @@ KNOWN_WORDS = {
     "places": list(PLACES),
 }
 
-#: Prompts both built-in pipelines draw (the README's examples): the U-Net at 128 px and the DiT at 512 px
+#: Prompts both built-in pipelines draw (the README's examples): the U-Net at 128 px and the DiT at 256 px
 #: put the asked colour in the asked place on the asked background for each of seeds 0-7 (tests check
 #: them). Two-shape prompts ("... and ...") are in the training data, but the model rarely draws both
 #: colours in place, and small triangles often come out in no palette colour at all.

@@ -250,7 +250,7 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
     parser.add_argument(
         "--size",
         type=int,
-        help="height and width in pixels (default: 512 for paradiff-tiny-dit, 128 for paradiff-tiny, "
+        help="height and width in pixels (default: 256 for paradiff-tiny-dit, 128 for paradiff-tiny, "
         "the model's own otherwise)",
     )
     parser.add_argument("--width", type=int, help="width in pixels, when it differs from the height (default: --size)")
