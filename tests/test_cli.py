@@ -120,7 +120,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, arg
     ("argv", "message"),
     [
         (["--model", "paradiff-tiny", "--strategy", "patch", "--size", "136"], "height 136 is not divisible by 64"),
-        (["--size", "136"], "height 136 is not a multiple of 32 pixels (a row of PixArtTransformer2DModel's"),
+        (["--size", "136"], "height 136 is not a multiple of 16 pixels (a row of PixArtTransformer2DModel's"),
     ],
     ids=["size-136", "size-136-dit"],
 )

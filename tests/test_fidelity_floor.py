@@ -148,7 +148,7 @@ def test_ranks_bisect_on_rank_0s_psnr_so_they_calibrate_alike(pool2):
         ("pipefusion", 50.0, {}),
         ("pipefusion", 50.0, {"pipefusion_sync": "sequence"}),
         ("asyncdiff", 35.0, {}),
-        ("parastep", 35.0, {}),
+        ("parastep", 45.0, {}),
     ],
     ids=["patch", "pipefusion", "pipefusion-rows", "asyncdiff", "parastep"],
 )
@@ -193,7 +193,7 @@ def test_a_floor_above_any_displaced_step_is_exact(pool2, tmp_path):
 def test_after_a_refresh_bucketed_and_direct_transfers_carry_the_same_data(pool2, tmp_path):
     """A displaced step after a refreshed one reads the refresh's data, whether its pieces travel in one bucket per
     call (huge limit) or on their own (limit 0): the two runs are equal. The threshold (as if kept from an earlier
-    calibration) refreshes step 3 alone of the displaced ones: its movement is the largest after step 1's."""
+    calibration) refreshes steps 2 and 3 of the displaced ones: they move the most after step 1's."""
     direct, bucketed = (
         pool2.run(
             guarded_vs_one_device,
@@ -208,6 +208,6 @@ def test_after_a_refresh_bucketed_and_direct_transfers_carry_the_same_data(pool2
         for limit in (0, 1 << 40)
     )
     for results in (direct, bucketed):
-        assert results[0]["stats"]["guard"]["refreshed_steps"] == [1, 3]
-        assert _sync_steps(results[0], "patch", {}) == {0, 1, 3}
+        assert results[0]["stats"]["guard"]["refreshed_steps"] == [1, 2, 3], results[0]["stats"]["guard"]
+        assert _sync_steps(results[0], "patch", {}) == {0, 1, 2, 3}
     np.testing.assert_array_equal(direct[0]["image"], bucketed[0]["image"])
