@@ -10,14 +10,13 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from cli_ranks import cli_on_ranks
 from PIL import Image
 from scene_analysis import background_of
-from test_docs import README_FIRST
+from test_docs import README, README_FIRST
 
 import paradiff
 from paradiff.builtin.follow import judge
@@ -27,7 +26,6 @@ from paradiff.launch.quiet import quiet_output
 from paradiff.loading import load_pipeline
 from paradiff.tiny import build_pipeline, prompt_inputs, save
 
-ROOT = Path(__file__).resolve().parents[1]
 #: The picture the README shows under its first command: ``![...](path)``.
 README_PICTURE = re.compile(r"!\[[^\]]*\]\((samples/[^)]+\.png)\)")
 
@@ -62,9 +60,9 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
         assert image.format == "PNG" and image.size == (256, 256) and image.mode == "RGB"
         drawn = np.asarray(image, dtype=np.float64)
     assert background_of(drawn.astype(np.uint8)) == "white", "the picture follows the prompt"
-    shown = README_PICTURE.search((ROOT / "README.md").read_text())
+    shown = README_PICTURE.search(README.read_text())
     assert shown, "the README shows the picture its first command draws"
-    with Image.open(ROOT / shown.group(1)) as image:
+    with Image.open(README.parent / shown.group(1)) as image:
         picture = np.asarray(image.convert("RGB"), dtype=np.float64)
     psnr = 10 * math.log10(255**2 / max(float(np.mean((drawn - picture) ** 2)), 1e-12))
     assert psnr >= 40, f"the README's picture is not what its first command draws now ({psnr:.1f} dB)"
