@@ -167,16 +167,38 @@ def test_the_training_script_trains_a_dit_of_another_patch_size_for_the_steps_as
     assert image.shape == (1, 256, 256, 3) and np.isfinite(image).all()
 
 
+@pytest.mark.timeout(300)
+def test_the_training_script_tunes_the_unet_and_writes_its_moving_average(short_run, tmp_path, monkeypatch):
+    """``--denoisers unet --unet-tune 2``: the U-Net stage saves its state (the short run's U-Net: same seed, same
+    encoders), then 2 tuning steps; the U-Net written is the tuning's moving average of the weights."""
+    import paradiff.builtin.train as training
+
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
+    out, state = tmp_path / "out", tmp_path / "state"
+    training.main(
+        ["--out", str(out), "--scale", "0.001", "--encoders", str(short_run / "sd"), "--denoisers", "unet"]
+        + ["--unet-tune", "2", "--checkpoints", str(state)]
+    )
+    trained = torch.load(state / "unet.pt", weights_only=False)
+    unbroken = load_file(next((short_run / "sd" / "unet").glob("*.safetensors")))
+    assert all(torch.equal(unbroken[name], trained["unet"][name].half()) for name in unbroken)
+    tuned = torch.load(state / "unet-tune.pt", weights_only=False)
+    assert tuned["step"] == 2
+    written = load_file(next((out / "sd" / "unet").glob("*.safetensors")))
+    assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
+    assert not all(torch.equal(written[name], unbroken[name]) for name in written), "the tuning changed nothing"
+
+
 def test_the_dit_tuning_draws_half_its_batches_at_high_noise():
-    """Uniform timesteps below :data:`DIT_TUNE_HIGH_FROM` and above it, in the shares ``--dit-tune`` asks for."""
-    from paradiff.builtin.train import DIT_TUNE_HIGH_FROM, DIT_TUNE_HIGH_SHARE, denoiser_batches
+    """Uniform timesteps below :data:`TUNE_HIGH_FROM` and above it, in the shares the tuning stage asks for."""
+    from paradiff.builtin.train import TUNE_HIGH_FROM, TUNE_HIGH_SHARE, denoiser_batches
 
     latents, captions = torch.zeros(4, 4, 8, 8), ["a red circle"] * 4
-    for high_noise, share in ((False, 0.5), (True, DIT_TUNE_HIGH_SHARE + (1 - DIT_TUNE_HIGH_SHARE) / 2)):
+    for high_noise, share in ((False, 0.5), (True, TUNE_HIGH_SHARE + (1 - TUNE_HIGH_SHARE) / 2)):
         batches = denoiser_batches(latents, captions, build_tokenizer(), torch.Generator().manual_seed(0), high_noise)
         timesteps = torch.cat([next(batches)[2] for _ in range(200)])
         assert timesteps.min() >= 0 and timesteps.max() <= 999
-        assert abs((timesteps >= DIT_TUNE_HIGH_FROM).float().mean() - share) < 0.03
+        assert abs((timesteps >= TUNE_HIGH_FROM).float().mean() - share) < 0.03
 
 
 def test_the_kind_region_is_where_a_circle_a_square_and_a_triangle_differ():

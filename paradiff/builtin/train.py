@@ -21,10 +21,11 @@ loads them as float32 unless told otherwise), the shared components once, linked
 
 ``--hold-out`` leaves the scenes that show a shape of ``scenes.HELD_OUT_PROMPTS`` out of the data, so the follow
 measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers dit`` trains the DiT alone on an
-earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the DiT stage's state every
+earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the denoisers' stages' state every
 :data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
 and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
-tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune_dit`).
+tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune`), and
+``--unet-tune N`` the U-Net.
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -68,14 +69,15 @@ DATASET_SCENES = 2500
 TEXT_STEPS, TEXT_BATCH = 600, 64
 UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
 UNET_LR, DIT_LR = 1e-3, 1e-3
-#: The DiT's tuning stage (``--dit-tune``): its peak learning rate, the share of each batch whose timestep is drawn
-#: from :data:`DIT_TUNE_HIGH_FROM` up, and the decay of the moving average of its weights that it writes. The
+#: The denoisers' tuning stage (``--dit-tune``, ``--unet-tune``): its peak learning rate, the share of each batch
+#: whose timestep is drawn from :data:`TUNE_HIGH_FROM` up, and the decay of the moving average of the weights that
+#: it writes. The
 #: video model's high-noise stage has its own share, floor and draw: each keeps the weights it made.
-DIT_TUNE_LR, DIT_TUNE_HIGH_SHARE, DIT_TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
+TUNE_LR, TUNE_HIGH_SHARE, TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
 #: How many times more the tuning stage's loss counts a latent wholly inside a scene's kind region
 #: (:meth:`~paradiff.builtin.scenes.Scene.kind_region`) than one outside it.
 KIND_WEIGHT = 10.0
-#: Steps between the saved states a stopped DiT stage resumes from (``--checkpoints``).
+#: Steps between the saved states a stopped denoiser stage resumes from (``--checkpoints``); its last step is saved too.
 CHECKPOINT_EVERY = 250
 CAPTION_DROPOUT = 0.1
 SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
@@ -149,7 +151,7 @@ def optimise(
             with torch.no_grad():
                 for kept, param in zip(average.parameters(), params, strict=True):
                     kept.lerp_(param, 1 - EMA_DECAY)
-        if resumable and (step + 1) % CHECKPOINT_EVERY == 0:
+        if resumable and ((step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == steps):
             resumable.save(step + 1, optimizer)
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % 50 == 0 or step == steps - 1:
@@ -247,8 +249,8 @@ def denoiser_batches(
     latents, captions, tokenizer, generator: torch.Generator, high_noise: bool = False, kind_maps=None
 ) -> Iterator[tuple]:
     """Endless batches of (noisy latents, v targets, timesteps, token ids, attention masks, loss weights), drawn by
-    ``generator``; with ``high_noise``, about :data:`DIT_TUNE_HIGH_SHARE` of each batch has its timestep drawn from
-    :data:`DIT_TUNE_HIGH_FROM` up. The loss weights are None (an even loss), or with ``kind_maps`` (one per latent,
+    ``generator``; with ``high_noise``, about :data:`TUNE_HIGH_SHARE` of each batch has its timestep drawn from
+    :data:`TUNE_HIGH_FROM` up. The loss weights are None (an even loss), or with ``kind_maps`` (one per latent,
     see :func:`encode_dataset`) 1 plus :data:`KIND_WEIGHT` times each drawn latent's map."""
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
@@ -261,8 +263,8 @@ def denoiser_batches(
         levels = NOISE_SCHEDULE["num_train_timesteps"]
         if high_noise:
             uniform = torch.rand(DENOISER_BATCH, generator=generator)
-            high = torch.rand(DENOISER_BATCH, generator=generator) < DIT_TUNE_HIGH_SHARE
-            lowest = torch.where(high, DIT_TUNE_HIGH_FROM, 0)
+            high = torch.rand(DENOISER_BATCH, generator=generator) < TUNE_HIGH_SHARE
+            lowest = torch.where(high, TUNE_HIGH_FROM, 0)
             timesteps = (lowest + uniform * (levels - lowest)).long().clamp(max=levels - 1)
         else:
             timesteps = torch.randint(levels, (DENOISER_BATCH,), generator=generator)
@@ -325,17 +327,27 @@ def train_text_encoder(
     text_encoder.requires_grad_(False)
 
 
-def train_unet(unet, text_encoder, batches, steps: int) -> None:
-    """The U-Net; the text encoder sees no attention mask, as in the SD pipeline."""
+def train_unet(
+    unet,
+    text_encoder,
+    batches,
+    steps: int,
+    resumable: Resumable | None = None,
+    peak_lr: float = UNET_LR,
+    average: torch.nn.Module | None = None,
+) -> None:
+    """The U-Net; the text encoder sees no attention mask, as in the SD pipeline (``average``: see
+    :func:`optimise`)."""
 
     def loss_at(step: int) -> torch.Tensor:
-        noisy, target, timesteps, ids, _, _ = next(batches)
+        noisy, target, timesteps, ids, _, weights = next(batches)
         with torch.no_grad():
             text = text_encoder(ids)[0]
         prediction = unet(noisy, timesteps, encoder_hidden_states=text).sample
-        return F.mse_loss(prediction, target)
+        return weighted_mse(prediction, target, weights)
 
-    optimise(unet.parameters(), steps, UNET_LR, loss_at, "unet")
+    name = "unet" if average is None else "unet tuning"
+    optimise(unet.parameters(), steps, peak_lr, loss_at, name, resumable, average)
 
 
 def train_dit(
@@ -366,23 +378,31 @@ def train_dit(
     optimise(dit.parameters(), steps, peak_lr, loss_at, "dit" if average is None else "dit tuning", resumable, average)
 
 
-def tune_dit(
-    dit, text_encoder, batches, generator: torch.Generator, steps: int, checkpoints: Path | None
+def tune(
+    name: str,
+    denoiser,
+    trainer: Callable,
+    text_encoder,
+    batches,
+    generator: torch.Generator,
+    steps: int,
+    checkpoints: Path | None,
 ) -> torch.nn.Module:
-    """The trained DiT further, at half the learning rate with half of each batch at high noise and the loss
-    weighted up on the kind region (``batches`` from :func:`denoiser_batches` with both), and the moving average
-    of its weights over that run (the DiT this returns).
+    """The trained denoiser ``name`` (``trainer``: :func:`train_dit` or :func:`train_unet`) further, at half the
+    learning rate with half of each batch at high noise and the loss weighted up on the kind region (``batches``
+    from :func:`denoiser_batches` with both), and the moving average of its weights over that run (the denoiser
+    this returns).
 
-    A small DiT puts the asked colour in the asked place long before it draws the asked kind, and then draws
+    A small denoiser puts the asked colour in the asked place long before it draws the asked kind, and then draws
     every kind as the same blob: replacing the kind word in the caption barely changes its loss at low
     noise, so most of its uniformly drawn steps teach it nothing about kinds; at high noise, where the
     outline is decided, they do. Even there the few latents where a circle, a square and a triangle differ
     are a small share of an even loss, so the loss counts them :data:`KIND_WEIGHT` times (docs/benchmarks.md
     has the figures). The average smooths the steps' noise out of the outline."""
-    average = copy.deepcopy(dit).requires_grad_(False)
-    modules = {"dit": dit, "average": average}
-    resumable = Resumable(checkpoints / "dit-tune.pt", modules, generator) if checkpoints else None
-    train_dit(dit, text_encoder, batches, steps, resumable, DIT_TUNE_LR, average)
+    average = copy.deepcopy(denoiser).requires_grad_(False)
+    modules = {name: denoiser, "average": average}
+    resumable = Resumable(checkpoints / f"{name}-tune.pt", modules, generator) if checkpoints else None
+    trainer(denoiser, text_encoder, batches, steps, resumable, TUNE_LR, average)
     return average
 
 
@@ -448,13 +468,14 @@ def train(
     dit_patch: int = 4,
     dit_steps: int | None = None,
     dit_tune: int = 0,
+    unet_tune: int = 0,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
-    ``denoisers``; with ``checkpoints`` (a folder) the DiT stage saves its state there and resumes from it; with
-    ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``
+    ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
+    it; with ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``
     and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size and training steps; a
     stage resumed with more steps than it was saved under goes on with the longer run's learning rate; ``dit_tune``
-    steps of :func:`tune_dit` follow, and the DiT written is their average."""
+    steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -482,12 +503,18 @@ def train(
     text_encoder.eval()
 
     if "unet" in denoisers:
-        small_latents, small_captions, _ = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out)
+        small_latents, small_captions, small_maps = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out)
         torch.manual_seed(seed + 6)
         unet = build_unet()
         generator = torch.Generator().manual_seed(seed + 3)
-        batches = denoiser_batches(small_latents * vae.config.scaling_factor, small_captions, tokenizer, generator)
-        train_unet(unet, text_encoder, batches, scaled(UNET_STEPS))
+        resumable = Resumable(checkpoints / "unet.pt", {"unet": unet}, generator) if checkpoints else None
+        unet_latents = small_latents * vae.config.scaling_factor
+        batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator)
+        train_unet(unet, text_encoder, batches, scaled(UNET_STEPS), resumable)
+        if unet_tune:
+            generator = torch.Generator().manual_seed(seed + 12)
+            batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator, True, small_maps)
+            unet = tune("unet", unet, train_unet, text_encoder, batches, generator, unet_tune, checkpoints)
         save_sd(out, tokenizer, text_encoder, vae, unet)
     elif (out / "sd").resolve() != encoders.resolve():
         shutil.rmtree(out / "sd", ignore_errors=True)
@@ -503,7 +530,7 @@ def train(
         if dit_tune:
             generator = torch.Generator().manual_seed(seed + 11)
             batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True, kind_maps)
-            dit = tune_dit(dit, text_encoder, batches, generator, dit_tune, checkpoints)
+            dit = tune("dit", dit, train_dit, text_encoder, batches, generator, dit_tune, checkpoints)
         save_pixart(out, tokenizer, text_encoder, vae, dit)
 
 
@@ -519,7 +546,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--denoisers", nargs="+", choices=DENOISERS, default=list(DENOISERS), help="with --encoders: train only these"
     )
-    parser.add_argument("--checkpoints", type=Path, help="a folder the DiT stage saves its state in and resumes from")
+    parser.add_argument(
+        "--checkpoints", type=Path, help="a folder the denoisers' stages save their state in and resume from"
+    )
     parser.add_argument(
         "--hold-out", action="store_true", help="leave the held-out prompts' shapes out of the denoisers' data"
     )
@@ -530,6 +559,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="then tune the DiT this many steps, mostly at high noise, weighted to the outlines (default: 0)",
+    )
+    parser.add_argument(
+        "--unet-tune",
+        type=int,
+        default=0,
+        help="then tune the U-Net this many steps, as --dit-tune does the DiT (default: 0)",
     )
     args = parser.parse_args(argv)
     if args.encoders is None and tuple(args.denoisers) != DENOISERS:
@@ -547,6 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         args.dit_patch,
         args.dit_steps,
         args.dit_tune,
+        args.unet_tune,
     )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
