@@ -71,8 +71,7 @@ UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
 UNET_LR, DIT_LR = 1e-3, 1e-3
 #: The denoisers' tuning stage (``--dit-tune``, ``--unet-tune``): its peak learning rate, the share of each batch
 #: whose timestep is drawn from :data:`TUNE_HIGH_FROM` up, and the decay of the moving average of the weights that
-#: it writes. The
-#: video model's high-noise stage has its own share, floor and draw: each keeps the weights it made.
+#: it writes. The video model's high-noise stage has its own share, floor and draw: each keeps the weights it made.
 TUNE_LR, TUNE_HIGH_SHARE, TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
 #: How many times more the tuning stage's loss counts a latent wholly inside a scene's kind region
 #: (:meth:`~paradiff.builtin.scenes.Scene.kind_region`) than one outside it.
