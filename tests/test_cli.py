@@ -24,6 +24,7 @@ from paradiff.cli import build_parser, main
 from paradiff.cli.summary import format_bytes, format_fidelity, format_speedup, summary_lines
 from paradiff.launch.quiet import quiet_output
 from paradiff.loading import load_pipeline
+from paradiff.metrics import psnr
 from paradiff.tiny import build_pipeline, prompt_inputs, save
 
 #: The picture the README shows under its first command: ``![...](path)``.
@@ -64,8 +65,8 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
     assert shown, "the README shows the picture its first command draws"
     with Image.open(README.parent / shown.group(1)) as image:
         picture = np.asarray(image.convert("RGB"), dtype=np.float64)
-    psnr = 10 * math.log10(255**2 / max(float(np.mean((drawn - picture) ** 2)), 1e-12))
-    assert psnr >= 40, f"the README's picture is not what its first command draws now ({psnr:.1f} dB)"
+    psnr_db = psnr(drawn, picture, data_range=255)
+    assert psnr_db >= 40, f"the README's picture is not what its first command draws now ({psnr_db:.1f} dB)"
     assert all(judge(picture.astype(np.uint8), words[2]).values()), "the follow measure reads it as its prompt"
     lines = done.stdout.splitlines()
     assert lines[0] == f"wrote {words[-1]}" and len(lines) == 5, done.stdout
