@@ -491,7 +491,8 @@ def train(
     vae.requires_grad_(False).eval()
     log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
     count = max(32, round(DATASET_SCENES * scale))
-    latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out)
+    if encoders is None or "dit" in denoisers:  # the DiT's data, which also sets the VAE's scale and the captions
+        latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out)
     if encoders is None:
         vae.register_to_config(scaling_factor=float(1 / latents.std()))
         torch.manual_seed(seed + 5)
