@@ -4,11 +4,14 @@
     python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~8 min)
     python benchmarks/follow_bench.py --models paradiff-tiny-dit --weights /tmp/tiny/pixart   # other DiT weights
     python benchmarks/follow_bench.py --models paradiff-tiny --guidance 4    # another guidance (or --size)
+    python benchmarks/follow_bench.py --seen --guidance 1.5  # the seen prompts, where settings are picked
     python benchmarks/follow_bench.py --quick                # a smoke run: 4 prompts, 1 seed, 4 steps
 
 Each model draws every prompt of ``paradiff.builtin.scenes.HELD_OUT_PROMPTS`` (one shape each, whose kind, colour
 and place together a model trained with ``--hold-out`` never saw) with each seed, on one device, at its default
-size, 20 steps, prompted as ``paradiff generate`` prompts it (``--size`` and ``--guidance`` change those two). Each
+size, 20 steps, prompted as ``paradiff generate`` prompts it (``--size`` and ``--guidance`` change those two);
+``--seen`` draws ``paradiff.builtin.scenes.SEEN_PROMPTS`` instead, whose shapes the model did see, so that a drawing
+setting such as the guidance is picked without reading the held-out prompts. Each
 picture is read by ``paradiff.builtin.follow`` (from its pixels alone); the table gives, per model, the share of
 pictures that get the shape, the colour (at least 85% of the shape's pixels), the place and the background right,
 and all four at once; a line under it, the shape's rate for each asked kind. The video model draws each of
@@ -29,7 +32,7 @@ import torch
 from paradiff.builtin import DEFAULT_SIZE, GUIDANCE_SCALE, call_kwargs
 from paradiff.builtin.clips import TEST_PROMPTS
 from paradiff.builtin.follow import CHECKS, CLIP_CHECKS, judge, judge_clip, rates
-from paradiff.builtin.scenes import HELD_OUT_PROMPTS, SHAPES
+from paradiff.builtin.scenes import HELD_OUT_PROMPTS, SEEN_PROMPTS, SHAPES
 from paradiff.loading import TRAINED_MODELS, load_pipeline
 
 PICTURE_MODELS = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, help="picture side in pixels (default: each model's default size)")
     parser.add_argument("--guidance", type=float, help="guidance scale (default: each model's built-in guidance)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seen", action="store_true", help="the seen prompts instead of the held-out ones")
     parser.add_argument("--quick", action="store_true", help="4 prompts, 1 seed, 4 steps")
     parser.add_argument("--grid", type=Path, help="also write each picture model's pictures to PATH (name appended)")
     parser.add_argument("--out", type=Path, default=Path("follow.json"))
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     for model in models:
         kind = TRAINED_MODELS[model]
         video = kind == "video"
-        prompts = list((TEST_PROMPTS if video else HELD_OUT_PROMPTS)[: args.prompts])
+        if video and args.seen:
+            parser.error("--seen reads the picture models; the video model's prompts are all held out")
+        prompts = list((TEST_PROMPTS if video else SEEN_PROMPTS if args.seen else HELD_OUT_PROMPTS)[: args.prompts])
         pipe = load_pipeline(model)
         if args.weights:
             denoiser = "unet" if kind == "sd" else "transformer"

@@ -16,6 +16,7 @@ from paradiff.builtin.scenes import (
     COLOURS,
     HELD_OUT_PROMPTS,
     PLACES,
+    SEEN_PROMPTS,
     SHAPES,
     make_scenes,
     shapes_named,
@@ -102,6 +103,14 @@ def test_held_out_prompts_are_each_a_different_colour_and_place():
     named = [shapes_named(prompt)[0] for prompt in HELD_OUT_PROMPTS]
     assert len(HELD_OUT_PROMPTS) == 24 and len({(colour, place) for _, colour, place in named}) == 24
     assert all(shows_held_out(prompt) for prompt in HELD_OUT_PROMPTS)
+
+
+def test_seen_prompts_show_no_held_out_shape_and_each_a_different_colour_and_place():
+    """Settings picked on the seen prompts read nothing of the held-out ones, and still span the kinds."""
+    named = [shapes_named(prompt)[0] for prompt in SEEN_PROMPTS]
+    assert len(SEEN_PROMPTS) == 24 and len({(colour, place) for _, colour, place in named}) == 24
+    assert not any(shows_held_out(prompt) for prompt in SEEN_PROMPTS)
+    assert {kind for kind, _, _ in named} == set(SHAPES)
 
 
 def test_training_data_leaves_the_held_out_shapes_out():

@@ -165,3 +165,23 @@ _HELD_OUT_SHAPES = {shape for prompt in HELD_OUT_PROMPTS for shape in shapes_nam
 def shows_held_out(caption: str) -> bool:
     """Whether a caption names a shape of :data:`HELD_OUT_PROMPTS` (its kind, colour and place together)."""
     return any(shape in _HELD_OUT_SHAPES for shape in shapes_named(caption))
+
+
+def _seen_prompts(count: int = 24, seed: int = 1) -> tuple[str, ...]:
+    """``count`` one-shape prompts, each a different colour/place pair, whose kind (seeded, as the size and
+    background are) makes a shape that no held-out prompt shows."""
+    rng = random.Random(seed)
+    pairs = rng.sample([(colour, place) for colour in COLOURS for place in PLACES], count)
+    prompts = []
+    for colour, place in pairs:
+        kind = rng.choice([kind for kind in SHAPES if (kind, colour, place) not in _HELD_OUT_SHAPES])
+        prompts.append(
+            Shape(kind, colour, rng.choice(sorted(SIZES)), place).phrase(with_size=True)
+            + f" on a {rng.choice(sorted(BACKGROUNDS))} background"
+        )
+    return tuple(prompts)
+
+
+#: Prompts whose shapes a model trained with ``--hold-out`` did see: drawing settings (the guidance) are picked
+#: on these, so that the held-out prompts stay unread until a model and its settings are fixed.
+SEEN_PROMPTS = _seen_prompts()
