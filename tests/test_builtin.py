@@ -169,16 +169,20 @@ def test_the_training_script_trains_a_dit_of_another_patch_size_for_the_steps_as
 
 @pytest.mark.timeout(300)
 def test_the_training_script_tunes_the_unet_and_writes_its_moving_average(short_run, tmp_path, monkeypatch):
-    """``--denoisers unet --unet-tune 2``: the U-Net stage saves its state (the short run's U-Net: same seed, same
-    encoders), then 2 tuning steps; the U-Net written is the tuning's moving average of the weights."""
+    """``--denoisers unet --unet-tune 2 --shape-weight 5``: the U-Net stage saves its state (the short run's U-Net:
+    same seed, same encoders), then 2 tuning steps on maps with the shape region at half the kind region's weight;
+    the U-Net written is the tuning's moving average of the weights."""
     import paradiff.builtin.train as training
 
     monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
+    encode, shares = training.encode_dataset, []
+    monkeypatch.setattr(training, "encode_dataset", lambda *args: shares.append(args[-1]) or encode(*args))
     out, state = tmp_path / "out", tmp_path / "state"
     training.main(
         ["--out", str(out), "--scale", "0.001", "--encoders", str(short_run / "sd"), "--denoisers", "unet"]
-        + ["--unet-tune", "2", "--checkpoints", str(state)]
+        + ["--unet-tune", "2", "--shape-weight", "5", "--checkpoints", str(state)]
     )
+    assert shares == [5 / training.KIND_WEIGHT], "only the U-Net's data, its maps with the shape share asked"
     trained = torch.load(state / "unet.pt", weights_only=False)
     unbroken = load_file(next((short_run / "sd" / "unet").glob("*.safetensors")))
     assert all(torch.equal(unbroken[name], trained["unet"][name].half()) for name in unbroken)
@@ -212,6 +216,19 @@ def test_the_kind_region_is_where_a_circle_a_square_and_a_triangle_differ():
     corner = 128 + round(0.85 * r)
     assert region[corner, corner] and region[128 - round(0.95 * r), 128]
     assert 0.02 < region.mean() < 0.12
+
+
+def test_the_shape_region_is_where_a_shape_of_any_kind_would_show():
+    """The centre and a square's corner (which only the square covers) are in it; the background and a point
+    just past the circle's side are not; it holds the whole kind region."""
+    from paradiff.builtin.scenes import SIZES, Scene, Shape
+
+    scene = Scene((Shape("square", "red", "large", "in the center"),), "white", "a red square", ((0.0, 0.0),))
+    region, r = scene.shape_region(256), SIZES["large"] * 256 / 2
+    corner = 128 + round(0.85 * r)
+    assert region[128, 128] and region[corner, corner]
+    assert not region[5, 5] and not region[128, 128 + round(1.1 * r)]
+    assert np.all(region >= scene.kind_region(256)) and region.sum() > scene.kind_region(256).sum()
 
 
 def test_the_tuning_batches_weigh_each_latent_by_its_own_kind_map():

@@ -131,7 +131,8 @@ def test_training_data_leaves_the_held_out_shapes_out():
 
 def test_each_latent_comes_with_its_own_scenes_kind_map():
     """The maps follow the latents' order (scenes, then their mirror images) and size: each is the share of its
-    latent's pixels in the scene's kind region, flipped with the mirror image."""
+    latent's pixels in the scene's kind region, flipped with the mirror image; with a shape share, plus that share
+    of its pixels in the shape region."""
     vae = types.SimpleNamespace(
         encode=lambda pixels: types.SimpleNamespace(latent_dist=types.SimpleNamespace(mean=pixels[:, :4, ::8, ::8]))
     )
@@ -142,6 +143,11 @@ def test_each_latent_comes_with_its_own_scenes_kind_map():
         assert torch.allclose(kind_maps[index, 0], shares.float())
         assert torch.allclose(kind_maps[32 + index, 0], shares.float().flip(-1))
         assert shares.max() > 0
+    with_shapes = encode_dataset(vae, 32, seed=2, size=64, shape_share=0.5)[2]
+    for index, scene in enumerate(make_scenes(32, seed=2)):
+        shape_shares = torch.from_numpy(scene.shape_region(64).reshape(8, 8, 8, 8).mean((1, 3))).float()
+        assert torch.allclose(with_shapes[index] - kind_maps[index], 0.5 * shape_shares)
+        assert shape_shares.max() > 0
 
 
 def test_reads_the_training_clips_and_their_reversals():

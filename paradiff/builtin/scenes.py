@@ -9,6 +9,7 @@ is drawn from a seeded ``random.Random``, so ``make_scenes(n, seed)`` is reprodu
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,20 @@ class Scene:
         """The ``(size, size)`` pixels whose colour depends on which kind each shape is: those that a circle, a
         square and a triangle of the shape's size, drawn where it is, do not all cover or all leave bare."""
         region = np.zeros((size, size), bool)
+        for covered in self._kinds_covering(size):
+            region |= np.logical_or.reduce(covered) & ~np.logical_and.reduce(covered)
+        return region
+
+    def shape_region(self, size: int = IMAGE_SIZE) -> np.ndarray:
+        """The ``(size, size)`` pixels that a shape of any kind, of each shape's size and where it is, would cover:
+        where the asked colour shows."""
+        region = np.zeros((size, size), bool)
+        for covered in self._kinds_covering(size):
+            region |= np.logical_or.reduce(covered)
+        return region
+
+    def _kinds_covering(self, size: int) -> Iterator[list[np.ndarray]]:
+        """For each shape, the ``(size, size)`` pixels a circle, a square and a triangle in its place would cover."""
         for shape, (dx, dy) in zip(self.shapes, self.jitter, strict=True):
             cx, cy = PLACES[shape.place]
             centre, diameter = ((cx + dx) * size, (cy + dy) * size), SIZES[shape.size] * size
@@ -93,8 +108,7 @@ class Scene:
                 mask = Image.new("1", (size, size), 0)
                 draw_shape(ImageDraw.Draw(mask), kind, 1, centre, diameter)
                 covered.append(np.asarray(mask, bool))
-            region |= np.logical_or.reduce(covered) & ~np.logical_and.reduce(covered)
-        return region
+            yield covered
 
 
 def draw_shape(pen: ImageDraw.ImageDraw, kind: str, colour, centre: tuple[float, float], diameter: float) -> None:

@@ -25,7 +25,8 @@ earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the denoisers' s
 :data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
 and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
 tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune`), and
-``--unet-tune N`` the U-Net.
+``--unet-tune N`` the U-Net; ``--shape-weight W`` has those stages also count the loss W times more where the
+shape's colour shows.
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -213,12 +214,13 @@ def mirrored(scene: Scene) -> str:
 
 @torch.no_grad()
 def encode_dataset(
-    vae, count: int, seed: int, size: int, hold_out: bool = False
+    vae, count: int, seed: int, size: int, hold_out: bool = False, shape_share: float = 0.0
 ) -> tuple[torch.Tensor, list[str], torch.Tensor]:
     """Latents (unscaled means), captions and kind maps of ``count`` scenes and their mirror images, drawn at
     ``size`` px; with ``hold_out``, less those that show a held-out prompt's shape
     (:func:`~paradiff.builtin.scenes.shows_held_out`). A kind map is the share of each latent's pixels that lie in
-    the scene's kind region (:meth:`~paradiff.builtin.scenes.Scene.kind_region`), shaped ``(1, h, w)``.
+    the scene's kind region (:meth:`~paradiff.builtin.scenes.Scene.kind_region`), plus ``shape_share`` times the
+    share in its shape region (:meth:`~paradiff.builtin.scenes.Scene.shape_region`), shaped ``(1, h, w)``.
     """
     scenes = make_scenes(count, seed)
     latents, captions, maps = [], [], []
@@ -226,7 +228,8 @@ def encode_dataset(
         batch = scenes[first : first + 32]
         pixels = to_pixels(np.stack([scene.draw(size) for scene in batch]))
         means = vae.encode(torch.cat([pixels, pixels.flip(-1)])).latent_dist.mean
-        regions = torch.from_numpy(np.stack([scene.kind_region(size) for scene in batch])[:, None]).float()
+        regions = np.stack([tuning_region(scene, size, shape_share) for scene in batch])[:, None]
+        regions = torch.from_numpy(regions).float()
         regions = F.adaptive_avg_pool2d(regions, means.shape[-2:])
         latents.append(means)
         maps.append(torch.cat([regions, regions.flip(-1)]))
@@ -237,6 +240,11 @@ def encode_dataset(
     kept = [index for index, caption in enumerate(captions) if not shows_held_out(caption)]
     log(f"encoded {len(captions)} scenes, kept {len(kept)} (the others show a held-out prompt's shape)")
     return torch.cat(latents)[kept], [captions[index] for index in kept], torch.cat(maps)[kept]
+
+
+def tuning_region(scene: Scene, size: int, shape_share: float) -> np.ndarray:
+    """The scene's kind region, plus ``shape_share`` on its shape region, as float32 pixels."""
+    return scene.kind_region(size).astype(np.float32) + shape_share * scene.shape_region(size).astype(np.float32)
 
 
 def token_ids(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -397,7 +405,9 @@ def tune(
     noise, so most of its uniformly drawn steps teach it nothing about kinds; at high noise, where the
     outline is decided, they do. Even there the few latents where a circle, a square and a triangle differ
     are a small share of an even loss, so the loss counts them :data:`KIND_WEIGHT` times (docs/benchmarks.md
-    has the figures). The average smooths the steps' noise out of the outline."""
+    has the figures). The average smooths the steps' noise out of the outline. The asked colour, too, fills a
+    small share of most pictures, and one that bleeds into its neighbour (purple into blue) costs an even loss
+    little: ``batches`` drawn with a shape share weigh the whole shape up as well (``--shape-weight``)."""
     average = copy.deepcopy(denoiser).requires_grad_(False)
     modules = {name: denoiser, "average": average}
     resumable = Resumable(checkpoints / f"{name}-tune.pt", modules, generator) if checkpoints else None
@@ -468,13 +478,15 @@ def train(
     dit_steps: int | None = None,
     dit_tune: int = 0,
     unet_tune: int = 0,
+    shape_weight: float = 0.0,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
     ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
     it; with ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``
     and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size and training steps; a
     stage resumed with more steps than it was saved under goes on with the longer run's learning rate; ``dit_tune``
-    steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net."""
+    steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net;
+    ``shape_weight`` is :func:`tune`'s extra weight on the shape region."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -491,8 +503,9 @@ def train(
     vae.requires_grad_(False).eval()
     log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
     count = max(32, round(DATASET_SCENES * scale))
+    shape_share = shape_weight / KIND_WEIGHT
     if encoders is None or "dit" in denoisers:  # the DiT's data, which also sets the VAE's scale and the captions
-        latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out)
+        latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out, shape_share)
     if encoders is None:
         vae.register_to_config(scaling_factor=float(1 / latents.std()))
         torch.manual_seed(seed + 5)
@@ -503,7 +516,8 @@ def train(
     text_encoder.eval()
 
     if "unet" in denoisers:
-        small_latents, small_captions, small_maps = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out)
+        small_data = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out, shape_share)
+        small_latents, small_captions, small_maps = small_data
         torch.manual_seed(seed + 6)
         unet = build_unet()
         generator = torch.Generator().manual_seed(seed + 3)
@@ -566,6 +580,12 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="then tune the U-Net this many steps, as --dit-tune does the DiT (default: 0)",
     )
+    parser.add_argument(
+        "--shape-weight",
+        type=float,
+        default=0.0,
+        help="the tuning stages also count the loss this many times more where the shape's colour shows (default: 0)",
+    )
     args = parser.parse_args(argv)
     if args.encoders is None and tuple(args.denoisers) != DENOISERS:
         parser.error("--denoisers needs --encoders (the VAE and text encoder the denoisers train on)")
@@ -583,6 +603,7 @@ def main(argv: list[str] | None = None) -> None:
         args.dit_steps,
         args.dit_tune,
         args.unet_tune,
+        args.shape_weight,
     )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
