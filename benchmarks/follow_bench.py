@@ -86,14 +86,14 @@ def main(argv: list[str] | None = None) -> None:
     models = args.models.split(",")
     if args.weights and len(models) != 1:
         parser.error("--weights takes one model")
+    if args.seen and any(TRAINED_MODELS[model] == "video" for model in models):
+        parser.error("--seen reads the picture models; the video model's prompts are all held out")
     torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))
     results = []
     for model in models:
         kind = TRAINED_MODELS[model]
         video = kind == "video"
-        if video and args.seen:
-            parser.error("--seen reads the picture models; the video model's prompts are all held out")
         prompts = list((TEST_PROMPTS if video else SEEN_PROMPTS if args.seen else HELD_OUT_PROMPTS)[: args.prompts])
         pipe = load_pipeline(model)
         if args.weights:

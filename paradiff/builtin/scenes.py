@@ -149,11 +149,13 @@ def _held_out_prompts(count: int = 24, seed: int = 0) -> tuple[str, ...]:
     """``count`` one-shape prompts, each a different colour/place pair, with a seeded kind, size and background."""
     rng = random.Random(seed)
     pairs = rng.sample([(colour, place) for colour in COLOURS for place in PLACES], count)
-    return tuple(
-        Shape(rng.choice(SHAPES), colour, rng.choice(sorted(SIZES)), place).phrase(with_size=True)
-        + f" on a {rng.choice(sorted(BACKGROUNDS))} background"
-        for colour, place in pairs
-    )
+    return tuple(_one_shape_prompt(rng, rng.choice(SHAPES), colour, place) for colour, place in pairs)
+
+
+def _one_shape_prompt(rng: random.Random, kind: str, colour: str, place: str) -> str:
+    """The prompt for one shape of ``kind``, ``colour`` and ``place``, with a size and background drawn by ``rng``."""
+    shape = Shape(kind, colour, rng.choice(sorted(SIZES)), place)
+    return shape.phrase(with_size=True) + f" on a {rng.choice(sorted(BACKGROUNDS))} background"
 
 
 #: The prompts the follow measure's rates are read on. ``python -m paradiff.builtin.train --hold-out`` drops
@@ -186,14 +188,8 @@ def _seen_prompts(count: int = 24, seed: int = 1) -> tuple[str, ...]:
     background are) makes a shape that no held-out prompt shows."""
     rng = random.Random(seed)
     pairs = rng.sample([(colour, place) for colour in COLOURS for place in PLACES], count)
-    prompts = []
-    for colour, place in pairs:
-        kind = rng.choice([kind for kind in SHAPES if (kind, colour, place) not in _HELD_OUT_SHAPES])
-        prompts.append(
-            Shape(kind, colour, rng.choice(sorted(SIZES)), place).phrase(with_size=True)
-            + f" on a {rng.choice(sorted(BACKGROUNDS))} background"
-        )
-    return tuple(prompts)
+    seen_kinds = {pair: [kind for kind in SHAPES if (kind, *pair) not in _HELD_OUT_SHAPES] for pair in pairs}
+    return tuple(_one_shape_prompt(rng, rng.choice(seen_kinds[pair]), *pair) for pair in pairs)
 
 
 #: Prompts whose shapes a model trained with ``--hold-out`` did see: drawing settings (the guidance) are picked
