@@ -516,8 +516,9 @@ def train(
     text_encoder.eval()
 
     if "unet" in denoisers:
-        small_data = encode_dataset(vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out, shape_share)
-        small_latents, small_captions, small_maps = small_data
+        small_latents, small_captions, small_maps = encode_dataset(
+            vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out, shape_share
+        )
         torch.manual_seed(seed + 6)
         unet = build_unet()
         generator = torch.Generator().manual_seed(seed + 3)
