@@ -1,7 +1,7 @@
 """How often the built-in models draw what a held-out prompt asks: shape, colour, place (or direction), background.
 
     python benchmarks/follow_bench.py                        # both picture models, 24 held-out prompts x 2 seeds
-    python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~8 min)
+    python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~2 min)
     python benchmarks/follow_bench.py --models paradiff-tiny-dit --weights /tmp/tiny/pixart   # other DiT weights
     python benchmarks/follow_bench.py --models paradiff-tiny --guidance 4    # another guidance (or --size)
     python benchmarks/follow_bench.py --seen --guidance 1.5  # the seen prompts, where settings are picked

@@ -255,7 +255,7 @@ def _first_line(error: BaseException) -> str:
 
 def default_size(model: str) -> int | None:
     """``generate``'s ``--size`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_SIZE``:
-    128 px for the U-Net, 256 px for the DiT); None (the pipeline's default) otherwise."""
+    128 px for the U-Net and the video model, 256 px for the DiT); None (the pipeline's default) otherwise."""
     if model not in TRAINED_MODELS:
         return None
     from .builtin import DEFAULT_SIZE

@@ -1,15 +1,14 @@
 """Train ``paradiff-tiny-video`` on generated clips, on the CPU, starting from ``paradiff-tiny``'s trained parts.
 
-    python -m paradiff.builtin.video_train --pictures DIR  # ~40 min on 2 cores; writes paradiff-tiny/video
+    python -m paradiff.builtin.video_train  # ~48 min on 2 cores; from the shipped pictures, writes paradiff-tiny/video
     python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
     python -m paradiff.builtin.video_train --resume paradiff/builtin/paradiff-tiny/video  # stage 4 only
 
 The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
 temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
 VAE. It starts from a ``paradiff-tiny`` folder's DiT, VAE and text encoder, so it draws shapes and colours from
-the first step and only has to learn how they move: the shipped model from those of a default
-``python -m paradiff.builtin.train --out DIR`` run (a DiT of 4x4 patches; the shipped picture DiT has 2x2
-patches, four times the tokens per frame). Stages, each seeded:
+the first step and only has to learn how they move: the shipped model from the shipped ones (a DiT of 2x2
+patches, drawing 128 px frames: 8x8 tokens each, as many as a 4x4-patch DiT at 256 px). Stages, each seeded:
 
 1. the tokenizer gains the clips' motion words after the pictures' words ("moving", and one token for each
    direction phrase, :data:`~paradiff.builtin.clips.DIRECTION_TOKENS`), and the text encoder one embedding

@@ -250,8 +250,8 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
     parser.add_argument(
         "--size",
         type=int,
-        help="height and width in pixels (default: 256 for paradiff-tiny-dit, 128 for paradiff-tiny, "
-        "the model's own otherwise)",
+        help="height and width in pixels (default: 256 for paradiff-tiny-dit, 128 for paradiff-tiny and "
+        "paradiff-tiny-video, the model's own otherwise)",
     )
     parser.add_argument("--width", type=int, help="width in pixels, when it differs from the height (default: --size)")
     parser.add_argument("--seed", type=seed_value, default=0, help="seed of the initial noise")
