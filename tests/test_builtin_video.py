@@ -150,7 +150,8 @@ def test_the_checked_prompts_are_half_and_cover_every_colour_and_direction():
 def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe, capsys):
     """Each checked held-out prompt at the default size, 20 steps, seed 0: the asked colour is found and its
     centroid moves the asked way by at least 15% of the frame between the first and last quarter of the frames,
-    in at least 80% of them. The follow measure's rates on the same clips are printed (and its direction held)."""
+    in at least 80% of them. The follow measure's rates on the same clips are printed and held a clip under those
+    measured (shape 3 of 12, colour 5 of 12, direction 11 of 12)."""
     clips = {prompt: draw(video_pipe, prompt, seed=0) for prompt in CHECKED_PROMPTS}
     misses = {prompt: motion_misses(frames, prompt) for prompt, frames in clips.items()}
     followed = [prompt for prompt, missed in misses.items() if not missed]
@@ -161,7 +162,8 @@ def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe
             "measure: " + ", ".join(f"{check} {100 * share:.0f}%" for check, share in measured.items())
         )
     assert len(followed) >= 0.8 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
-    assert measured["direction"] >= 0.75 and measured["background"] >= 0.9, measured
+    floors = {"shape": 0.15, "colour": 0.3, "direction": 0.75, "background": 0.9}
+    assert all(measured[check] >= floor for check, floor in floors.items()), measured
 
 
 def test_readme_video_examples_are_the_checked_ones():
