@@ -27,7 +27,7 @@ from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, draw_shape
 #: Frames per clip: the video model's length.
 FRAMES = 16
 #: The picture size (px) of the training clips: 8x8 tokens a frame for the 2x2-patch DiT the video model starts
-#: from (at 256 px a step is four times the work).
+#: from (at 256 px, four times as many tokens).
 CLIP_SIZE = 128
 #: Where the shape's centre starts and ends along its line, as a fraction of the side from the edge it
 #: leaves and the edge it reaches (the pictures' left and right places), and the jitter of each.
