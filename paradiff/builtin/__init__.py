@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ParadiffError
-from .clips import FRAMES
+from .clips import CLIP_SIZE, FRAMES
 from .vocabulary import EXAMPLE_PROMPTS, VIDEO_EXAMPLE_PROMPTS, unknown_words, warn_unknown_words
 
 __all__ = [
@@ -41,10 +41,10 @@ GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0, "video": 2.0}
 #: places apart only there (its 4x4 bottleneck's zero padding marks the 3x3 grid; at 256 px and up it
 #: repeats shapes along the borders). The DiT draws at its training size, 256 px, where its 2x2-latent
 #: patches make 256 tokens, enough work for 2 CPU ranks to beat one (``benchmarks/builtin_default_bench.py``);
-#: larger, its edges fray. The video model draws at its training size, 128 px (``clips.CLIP_SIZE``; its config's
-#: sample size is the DiT's, so the pipeline's own default would be 256 px), :data:`FRAMES` frames (its temporal
-#: position table has that many rows).
-DEFAULT_SIZE = {"sd": 128, "pixart": 256, "video": 128}
+#: larger, its edges fray. The video model draws at its training size, the clips' (its config's sample size is
+#: the DiT's, so the pipeline's own default would be 256 px), :data:`FRAMES` frames (its temporal position table
+#: has that many rows).
+DEFAULT_SIZE = {"sd": 128, "pixart": 256, "video": CLIP_SIZE}
 
 
 def pipeline_folder(kind: str) -> Path:
