@@ -4,24 +4,18 @@ refused before anything is loaded."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_script
 
 from paradiff.builtin.follow import CHECKS
 from paradiff.builtin.scenes import SEEN_PROMPTS
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "follow_bench.py"
-
 
 @pytest.fixture(scope="module")
 def follow_bench():
-    spec = importlib.util.spec_from_file_location("follow_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("follow_bench")
 
 
 @pytest.mark.timeout(120)

@@ -3,22 +3,18 @@ a pass, and the exit code says when a requested strategy did not run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import BENCHMARKS, load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_strategies.py"
+SCRIPT = BENCHMARKS / "gpu_strategies.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_strategies", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_strategies")
 
 
 def ran(strategy: str, exact: bool = True) -> dict:
