@@ -193,6 +193,33 @@ def test_the_training_script_tunes_the_unet_and_writes_its_moving_average(short_
     assert not all(torch.equal(written[name], unbroken[name]) for name in written), "the tuning changed nothing"
 
 
+@pytest.mark.timeout(300)
+def test_the_decoder_tuning_changes_the_decoder_alone(short_run, tmp_path):
+    """``--encoders DIR --denoisers --decoder-tune 2``: the folder written is DIR with a VAE whose decoder moved and
+    whose encoder (what the denoisers learned from) did not; nothing else changes."""
+    import paradiff.builtin.train as training
+
+    out = tmp_path / "out"
+    training.main(["--out", str(out), "--encoders", str(short_run / "sd"), "--denoisers", "--decoder-tune", "2"])
+    before, after = (load_file(next((run / "sd" / "vae").glob("*.safetensors"))) for run in (short_run, out))
+    assert before.keys() == after.keys()
+    moved = {name for name in before if not torch.equal(before[name], after[name])}
+    assert moved and all(name.startswith(("decoder.", "post_quant_conv.")) for name in moved), sorted(moved)[:4]
+    for part in ("unet", "text_encoder"):
+        first, second = (load_file(next((run / "sd" / part).glob("*.safetensors"))) for run in (short_run, out))
+        assert all(torch.equal(first[name], second[name]) for name in first), f"{part} changed"
+    assert not (out / "pixart").exists()
+    assert (out / "sd" / "vae" / "config.json").read_text() == (short_run / "sd" / "vae" / "config.json").read_text()
+
+
+def test_the_training_script_refuses_a_run_that_trains_nothing(short_run, capsys):
+    import paradiff.builtin.train as training
+
+    with pytest.raises(SystemExit):
+        training.main(["--encoders", str(short_run / "sd"), "--denoisers"])
+    assert "nothing to train" in capsys.readouterr().err
+
+
 def test_the_dit_tuning_draws_half_its_batches_at_high_noise():
     """Uniform timesteps below :data:`TUNE_HIGH_FROM` and above it, in the shares the tuning stage asks for."""
     from paradiff.builtin.train import TUNE_HIGH_FROM, TUNE_HIGH_SHARE, denoiser_batches

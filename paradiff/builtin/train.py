@@ -13,9 +13,11 @@ Stages, each seeded:
    factor is set from their spread;
 3. the text encoder alone, on the captions: its pooled output must name the words of the caption
    (see ``train_text_encoder``); it is frozen from then on;
-4. the U-Net, predicting v (see ``components.NOISE_SCHEDULE``), 10% of the captions dropped to the
+4. with ``--decoder-tune N``, the VAE's decoder alone, N steps more (:func:`tune_decoder`): the encoder, and so the
+   latents, stay as they are;
+5. the U-Net, predicting v (see ``components.NOISE_SCHEDULE``), 10% of the captions dropped to the
    empty prompt for classifier-free guidance;
-5. the DiT, on the same data.
+6. the DiT, on the same data.
 Then both pipelines are written (weights of the diffusers models in float16 to stay small; diffusers
 loads them as float32 unless told otherwise), the shared components once, linked from ``pixart/``.
 
@@ -26,7 +28,7 @@ earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the denoisers' s
 and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
 tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune`), and
 ``--unet-tune N`` the U-Net; ``--shape-weight W`` has those stages also count the loss W times more where the
-shape's colour shows.
+shape's colour shows; ``--encoders DIR --denoisers --decoder-tune N`` tunes the decoder of DIR's VAE alone.
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -77,6 +79,10 @@ TUNE_LR, TUNE_HIGH_SHARE, TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
 #: How many times more the tuning stage's loss counts a latent wholly inside a scene's kind region
 #: (:meth:`~paradiff.builtin.scenes.Scene.kind_region`) than one outside it.
 KIND_WEIGHT = 10.0
+#: The decoder's tuning stage (``--decoder-tune``): its peak learning rate, how many times more its loss counts the
+#: pixels on and within two pixels of where a shape of any kind would lie, and the largest spread of the noise added
+#: to its latents (of the scaled latents' unit spread).
+DECODER_LR, DECODER_SHAPE_WEIGHT, DECODER_LATENT_NOISE = 5e-4, 4.0, 0.4
 #: Steps between the saved states a stopped denoiser stage resumes from (``--checkpoints``); its last step is saved too.
 CHECKPOINT_EVERY = 250
 CAPTION_DROPOUT = 0.1
@@ -163,36 +169,78 @@ def to_pixels(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
 
 
-def shape_crop(scene: Scene, rng: random.Random) -> np.ndarray:
-    """A ``VAE_CROP`` square of the scene around one of its shapes, so every crop has colour to learn."""
-    image = scene.draw()
+#: One picture of a VAE batch: a scene, the size it is drawn at, and the window of it that is kept.
+View = tuple[Scene, int, tuple[slice, slice]]
+
+
+def crop_window(scene: Scene, rng: random.Random) -> tuple[slice, slice]:
+    """A ``VAE_CROP`` square of a DiT-sized scene around one of its shapes, so every crop has colour to learn."""
     shape = rng.choice(scene.shapes)
-    side = image.shape[0]
-    cx, cy = (round(f * side) + rng.randint(-VAE_CROP // 4, VAE_CROP // 4) for f in PLACES[shape.place])
-    left = min(max(cx - VAE_CROP // 2, 0), side - VAE_CROP)
-    top = min(max(cy - VAE_CROP // 2, 0), side - VAE_CROP)
-    return image[top : top + VAE_CROP, left : left + VAE_CROP]
+    cx, cy = (round(f * IMAGE_SIZE) + rng.randint(-VAE_CROP // 4, VAE_CROP // 4) for f in PLACES[shape.place])
+    left = min(max(cx - VAE_CROP // 2, 0), IMAGE_SIZE - VAE_CROP)
+    top = min(max(cy - VAE_CROP // 2, 0), IMAGE_SIZE - VAE_CROP)
+    return slice(top, top + VAE_CROP), slice(left, left + VAE_CROP)
 
 
-def vae_batch(rng: random.Random) -> torch.Tensor:
+def vae_views(rng: random.Random) -> list[View]:
     """Half crops of DiT-sized scenes, half whole U-Net-sized scenes: both denoisers' data, at one input size."""
     scenes = make_scenes(VAE_BATCH, rng.randrange(2**31))
     half = VAE_BATCH // 2
-    crops = [shape_crop(scene, rng) for scene in scenes[:half]]
-    return to_pixels(np.stack(crops + [scene.draw(UNET_IMAGE_SIZE) for scene in scenes[half:]]))
+    crops = [(scene, IMAGE_SIZE, crop_window(scene, rng)) for scene in scenes[:half]]
+    return crops + [(scene, UNET_IMAGE_SIZE, (slice(None), slice(None))) for scene in scenes[half:]]
+
+
+def view_pixels(views: list[View]) -> torch.Tensor:
+    return to_pixels(np.stack([scene.draw(size)[window] for scene, size, window in views]))
+
+
+def view_shape_regions(views: list[View]) -> torch.Tensor:
+    """Each view's shape region (:meth:`~paradiff.builtin.scenes.Scene.shape_region`), as float ``(B, 1, H, W)``."""
+    regions = np.stack([scene.shape_region(size)[window] for scene, size, window in views])
+    return torch.from_numpy(regions).float()[:, None]
 
 
 def train_vae(vae, steps: int, seed: int) -> None:
     rng = random.Random(seed)
 
     def loss_at(step: int) -> torch.Tensor:
-        pixels = vae_batch(rng)
+        pixels = view_pixels(vae_views(rng))
         posterior = vae.encode(pixels).latent_dist
         recon = vae.decode(posterior.sample()).sample
         kl = posterior.kl().mean() / pixels[0].numel()
         return F.l1_loss(recon, pixels) + F.mse_loss(recon, pixels) + 1e-4 * kl
 
     optimise(vae.parameters(), steps, 1e-3, loss_at, "vae")
+
+
+def tune_decoder(vae, steps: int, seed: int) -> None:
+    """The VAE's decoder alone, further: the encoder, and so the latents the denoisers learn from, stay as they are.
+
+    The VAE's own stage leaves small shapes at 128 px (a small triangle spans three latents) with a rim in a
+    neighbouring colour (blue into purple, yellow into orange) and rounded corners, which its even loss over a mostly
+    bare picture barely counts: here the loss counts the shapes and their edges :data:`DECODER_SHAPE_WEIGHT` times
+    more. A denoiser's latents are not exactly an encoder's either, so the decoder also learns to draw flat shapes
+    from latents with noise added (a spread drawn up to :data:`DECODER_LATENT_NOISE` per picture)."""
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    vae.requires_grad_(False)
+    decoder = [*vae.decoder.parameters(), *vae.post_quant_conv.parameters()]
+    for parameter in decoder:
+        parameter.requires_grad_(True)
+    unit = 1 / vae.config.scaling_factor
+
+    def loss_at(step: int) -> torch.Tensor:
+        views = vae_views(rng)
+        pixels = view_pixels(views)
+        weights = 1 + DECODER_SHAPE_WEIGHT * F.max_pool2d(view_shape_regions(views), 5, stride=1, padding=2)
+        with torch.no_grad():
+            latents = vae.encode(pixels).latent_dist.mean
+            spread = DECODER_LATENT_NOISE * unit * torch.rand(len(latents), 1, 1, 1, generator=generator)
+            latents = latents + spread * torch.randn(latents.shape, generator=generator)
+        error = vae.decode(latents).sample - pixels
+        return ((error.abs() + error**2) * weights).mean() / weights.mean()
+
+    optimise(decoder, steps, DECODER_LR, loss_at, "decoder")
+    vae.requires_grad_(False)
 
 
 @torch.no_grad()
@@ -415,15 +463,17 @@ def tune(
     return average
 
 
-def _save_in_float16(pipe, folder: Path) -> None:
-    """Write ``pipe`` with its diffusers models' weights in float16, leaving the models in float32."""
-    models = [module for module in pipe.components.values() if isinstance(module, ModelMixin)]
+def _save_in_float16(saved, folder: Path) -> None:
+    """Write ``saved`` (a pipeline or one model) with its diffusers models' weights in float16, leaving the models in
+    float32."""
+    components = [saved] if isinstance(saved, ModelMixin) else saved.components.values()
+    models = [module for module in components if isinstance(module, ModelMixin)]
     previous = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()  # casting a loaded model with to() warns; these are fresh
     try:
         for model in models:
             model.to(torch.float16)
-        pipe.save_pretrained(folder)
+        saved.save_pretrained(folder)
     finally:
         for model in models:
             model.to(torch.float32)
@@ -479,6 +529,7 @@ def train(
     dit_tune: int = 0,
     unet_tune: int = 0,
     shape_weight: float = 0.0,
+    decoder_tune: int = 0,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
     ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
@@ -486,7 +537,9 @@ def train(
     and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size and training steps; a
     stage resumed with more steps than it was saved under goes on with the longer run's learning rate; ``dit_tune``
     steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net;
-    ``shape_weight`` is :func:`tune`'s extra weight on the shape region."""
+    ``shape_weight`` is :func:`tune`'s extra weight on the shape region; ``decoder_tune`` steps of
+    :func:`tune_decoder` follow the text encoder (with ``encoders`` and no ``denoisers``, only they run, and the
+    encoders' folder is written with the new VAE)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -497,8 +550,10 @@ def train(
     if encoders is None:
         torch.manual_seed(seed + 1)
         train_vae(vae, scaled(VAE_STEPS), seed + 1)
-    else:
-        vae = AutoencoderKL.from_pretrained(encoders / "vae")
+    else:  # its weights and scale into the built VAE, whose config does not name the folder it was loaded from
+        saved = AutoencoderKL.from_pretrained(encoders / "vae")
+        vae.load_state_dict(saved.state_dict())
+        vae.register_to_config(scaling_factor=saved.config.scaling_factor)
     round_to_float16(vae)
     vae.requires_grad_(False).eval()
     log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
@@ -514,6 +569,10 @@ def train(
         text_encoder = CLIPTextModel.from_pretrained(encoders / "text_encoder").requires_grad_(False)
     round_to_float16(text_encoder)
     text_encoder.eval()
+    if decoder_tune:
+        tune_decoder(vae, decoder_tune, seed + 13)
+        round_to_float16(vae)
+        log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
 
     if "unet" in denoisers:
         small_latents, small_captions, small_maps = encode_dataset(
@@ -531,9 +590,13 @@ def train(
             batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator, True, small_maps)
             unet = tune("unet", unet, train_unet, text_encoder, batches, generator, unet_tune, checkpoints)
         save_sd(out, tokenizer, text_encoder, vae, unet)
-    elif (out / "sd").resolve() != encoders.resolve():
-        shutil.rmtree(out / "sd", ignore_errors=True)
-        shutil.copytree(encoders, out / "sd")
+    else:
+        if (out / "sd").resolve() != encoders.resolve():
+            shutil.rmtree(out / "sd", ignore_errors=True)
+            shutil.copytree(encoders, out / "sd")
+        if decoder_tune:
+            shutil.rmtree(out / "sd" / "vae")
+            _save_in_float16(vae, out / "sd" / "vae")
     if "dit" in denoisers:
         torch.manual_seed(seed + 7)
         dit = build_dit(dit_patch)
@@ -559,7 +622,11 @@ def main(argv: list[str] | None = None) -> None:
         "--encoders", type=Path, help="an earlier run's sd/ folder: reuse its VAE and text encoder, train the denoisers"
     )
     parser.add_argument(
-        "--denoisers", nargs="+", choices=DENOISERS, default=list(DENOISERS), help="with --encoders: train only these"
+        "--denoisers",
+        nargs="*",
+        choices=DENOISERS,
+        default=list(DENOISERS),
+        help="with --encoders: train only these (none: with --decoder-tune, the decoder alone)",
     )
     parser.add_argument(
         "--checkpoints", type=Path, help="a folder the denoisers' stages save their state in and resume from"
@@ -587,9 +654,17 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="the tuning stages also count the loss this many times more where the shape's colour shows (default: 0)",
     )
+    parser.add_argument(
+        "--decoder-tune",
+        type=int,
+        default=0,
+        help="after the text encoder, tune the VAE's decoder alone this many steps; the latents stay (default: 0)",
+    )
     args = parser.parse_args(argv)
     if args.encoders is None and tuple(args.denoisers) != DENOISERS:
         parser.error("--denoisers needs --encoders (the VAE and text encoder the denoisers train on)")
+    if not args.denoisers and not args.decoder_tune:
+        parser.error("no --denoisers and no --decoder-tune: there is nothing to train")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     train(
@@ -605,6 +680,7 @@ def main(argv: list[str] | None = None) -> None:
         args.dit_tune,
         args.unet_tune,
         args.shape_weight,
+        args.decoder_tune,
     )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
