@@ -556,7 +556,8 @@ def train(
         vae.register_to_config(scaling_factor=saved.config.scaling_factor)
     round_to_float16(vae)
     vae.requires_grad_(False).eval()
-    log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
+    round_trip_scenes = max(8, min(32, round(32 * scale)))
+    log_round_trip_error(vae, seed + 8, round_trip_scenes)
     count = max(32, round(DATASET_SCENES * scale))
     shape_share = shape_weight / KIND_WEIGHT
     if encoders is None or "dit" in denoisers:  # the DiT's data, which also sets the VAE's scale and the captions
@@ -572,7 +573,7 @@ def train(
     if decoder_tune:
         tune_decoder(vae, decoder_tune, seed + 13)
         round_to_float16(vae)
-        log_round_trip_error(vae, seed + 8, count=max(8, min(32, round(32 * scale))))
+        log_round_trip_error(vae, seed + 8, round_trip_scenes)
 
     if "unet" in denoisers:
         small_latents, small_captions, small_maps = encode_dataset(
