@@ -84,6 +84,11 @@ def test_tokenizer_knows_every_word_and_ignores_case_and_punctuation():
     assert tokenizer("a zebra").input_ids[2] == tokenizer.unk_token_id
 
 
+def weights_in(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the one safetensors file a written model folder holds."""
+    return load_file(next(folder.glob("*.safetensors")))
+
+
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> Path:
     """The folder a short run of the training script wrote."""
@@ -109,7 +114,7 @@ def test_reusing_a_runs_encoders_reproduces_its_denoisers(short_run, tmp_path):
     """``--encoders``: denoisers train on the float16-rounded encoders either way, so they come out bit-identical."""
     train(tmp_path, scale=0.001, seed=0, encoders=short_run / "sd")
     for denoiser in ("sd/unet", "pixart/transformer"):
-        first, second = (load_file(next((folder / denoiser).glob("*.safetensors"))) for folder in (short_run, tmp_path))
+        first, second = (weights_in(folder / denoiser) for folder in (short_run, tmp_path))
         assert first.keys() == second.keys()
         assert all(torch.equal(first[name], second[name]) for name in first), f"{denoiser} differs"
 
@@ -137,7 +142,7 @@ def test_a_stopped_dit_stage_resumes_to_the_weights_of_an_unbroken_run(short_run
     monkeypatch.setattr(training, "denoiser_batches", unbroken)
     train(**args, checkpoints=tmp_path / "state")
     runs = (short_run, args["out"])
-    first, second = (load_file(next((run / "pixart/transformer").glob("*.safetensors"))) for run in runs)
+    first, second = (weights_in(run / "pixart/transformer") for run in runs)
     assert all(torch.equal(first[name], second[name]) for name in first), "the resumed DiT differs"
     assert (args["out"] / "sd" / "vae").is_dir(), "the encoders' folder is copied beside the new pixart/"
 
@@ -158,7 +163,7 @@ def test_the_training_script_trains_a_dit_of_another_patch_size_for_the_steps_as
     assert torch.load(state / "dit.pt", weights_only=False)["step"] == 3
     tuned = torch.load(state / "dit-tune.pt", weights_only=False)
     assert tuned["step"] == 2
-    written = load_file(next((out / "pixart" / "transformer").glob("*.safetensors")))
+    written = weights_in(out / "pixart" / "transformer")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     assert not all(torch.equal(written[name], tuned["dit"][name].half()) for name in written)
     pixart = DiffusionPipeline.from_pretrained(out / "pixart")
@@ -184,11 +189,11 @@ def test_the_training_script_tunes_the_unet_and_writes_its_moving_average(short_
     )
     assert shares == [5 / training.KIND_WEIGHT], "only the U-Net's data, its maps with the shape share asked"
     trained = torch.load(state / "unet.pt", weights_only=False)
-    unbroken = load_file(next((short_run / "sd" / "unet").glob("*.safetensors")))
+    unbroken = weights_in(short_run / "sd" / "unet")
     assert all(torch.equal(unbroken[name], trained["unet"][name].half()) for name in unbroken)
     tuned = torch.load(state / "unet-tune.pt", weights_only=False)
     assert tuned["step"] == 2
-    written = load_file(next((out / "sd" / "unet").glob("*.safetensors")))
+    written = weights_in(out / "sd" / "unet")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     assert not all(torch.equal(written[name], unbroken[name]) for name in written), "the tuning changed nothing"
 
@@ -201,7 +206,7 @@ def test_the_decoder_tuning_changes_the_decoder_alone(short_run, tmp_path):
 
     out = tmp_path / "out"
     training.main(["--out", str(out), "--encoders", str(short_run / "sd"), "--denoisers", "--decoder-tune", "2"])
-    before, after = (load_file(next((run / "sd" / "vae").glob("*.safetensors"))) for run in (short_run, out))
+    before, after = (weights_in(run / "sd" / "vae") for run in (short_run, out))
     assert before.keys() == after.keys()
     moved = {name for name in before if not torch.equal(before[name], after[name])}
     assert moved, "the decoder did not move"
@@ -209,10 +214,27 @@ def test_the_decoder_tuning_changes_the_decoder_alone(short_run, tmp_path):
         name for name in moved if not name.startswith("decoder.")
     )[:4]
     for part in ("unet", "text_encoder"):
-        first, second = (load_file(next((run / "sd" / part).glob("*.safetensors"))) for run in (short_run, out))
+        first, second = (weights_in(run / "sd" / part) for run in (short_run, out))
         assert all(torch.equal(first[name], second[name]) for name in first), f"{part} changed"
     assert not (out / "pixart").exists()
     assert (out / "sd" / "vae" / "config.json").read_text() == (short_run / "sd" / "vae" / "config.json").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_the_decoder_tuning_rewrites_a_folder_in_place(short_run, tmp_path):
+    """The documented form, ``--out DIR --encoders DIR/sd --denoisers --decoder-tune 2``: DIR/sd/vae is replaced by
+    the tuned VAE (same config), and ``pixart/`` still links to it."""
+    import shutil
+
+    import paradiff.builtin.train as training
+
+    folder = tmp_path / "tiny"
+    shutil.copytree(short_run, folder, symlinks=True)
+    training.main(["--out", str(folder), "--encoders", str(folder / "sd"), "--denoisers", "--decoder-tune", "2"])
+    before, after = weights_in(short_run / "sd" / "vae"), weights_in(folder / "sd" / "vae")
+    assert any(not torch.equal(before[name], after[name]) for name in before if name.startswith("decoder."))
+    assert (folder / "sd" / "vae" / "config.json").read_text() == (short_run / "sd" / "vae" / "config.json").read_text()
+    assert (folder / "pixart" / "vae").is_symlink() and (folder / "pixart" / "vae").resolve() == folder / "sd" / "vae"
 
 
 def test_the_training_script_refuses_a_run_that_trains_nothing(short_run, tmp_path, capsys):
