@@ -147,15 +147,16 @@ def test_ranks_bisect_on_rank_0s_psnr_so_they_calibrate_alike(pool2):
         ("patch", 40.0, {}),
         ("pipefusion", 29.0, {}),
         ("pipefusion", 29.0, {"pipefusion_sync": "sequence"}),
-        ("asyncdiff", 35.0, {}),
+        ("asyncdiff", 30.0, {"asyncdiff_cut": (3, 3)}),
         ("parastep", 45.0, {}),
     ],
     ids=["patch", "pipefusion", "pipefusion-rows", "asyncdiff", "parastep"],
 )
 def test_the_guard_holds_the_floor_and_refreshes_in_sync(pool2, tmp_path, strategy, floor, options):
-    """The built-in DiT at a floor where the guard has a choice (asyncdiff's displaced steps cost more): its image
-    holds it; the steps refreshed are those the agreed movement puts
-    under the calibrated threshold (and step 1, before two predictions are known), and they really ran in sync."""
+    """The built-in DiT at a floor where the guard has a choice: its image holds it; the steps refreshed are those
+    the agreed movement puts under the calibrated threshold (and step 1, before two predictions are known), and they
+    really ran in sync. ``asyncdiff`` runs a given cut: the one it measures follows the machine's timings, and each
+    cut's pictures need another floor for a choice."""
     results = pool2.run(
         guarded_vs_one_device, BUILTIN_DIT, SIZE, STEPS, floor, str(tmp_path), strategy=strategy, **options
     )
