@@ -11,8 +11,10 @@ the steps, so the first call of a shape calibrates it on the call itself, on the
 
 The threshold is cached per model (its description: layers, adapters, weights' checksum, scheduler), call shape,
 steps, strategy and ranks, in ``$PARADIFF_CACHE_DIR`` (default ``~/.cache/paradiff``), so a process that asks
-again calibrates nothing. The calibration runs leave the caller's generators as they were and call no
-callbacks.
+again calibrates nothing. It is kept with the layout the strategy chose at run time where that layout changes
+the pictures (``asyncdiff``'s measured cut): a threshold holds the floor on its own layout only, so a process that
+finds it runs that layout, or calibrates again where it cannot. The calibration runs leave the caller's generators
+as they were and call no callbacks.
 """
 
 from __future__ import annotations
@@ -104,18 +106,30 @@ def _cache_file() -> Path:
     return Path(folder) / CACHE_FILE
 
 
-def cached_threshold(key: str) -> float | None:
-    """The threshold calibrated earlier under ``key``, if kept (a cache that cannot be read counts as empty)."""
+@dataclass(frozen=True)
+class Kept:
+    """A calibration kept by an earlier process: its threshold, and the strategy's run-time layout it ran on."""
+
+    threshold_db: float
+    layout: dict
+
+
+def kept_calibration(key: str) -> Kept | None:
+    """The calibration kept under ``key``, if any (a cache that cannot be read, or a record without its layout,
+    counts as none)."""
     try:
         kept = json.loads(_cache_file().read_text())
     except (OSError, ValueError):
         return None
     value = kept.get(key) if isinstance(kept, dict) else None
-    return float(value["threshold_db"]) if isinstance(value, dict) and "threshold_db" in value else None
+    if not isinstance(value, dict) or "threshold_db" not in value or not isinstance(value.get("layout"), dict):
+        return None
+    return Kept(float(value["threshold_db"]), value["layout"])
 
 
-def remember(key: str, calibration: Calibration) -> None:
-    """Keep ``calibration`` under ``key`` (written whole, then renamed: a reader never sees half a file)."""
+def remember(key: str, calibration: Calibration, layout: dict) -> None:
+    """Keep ``calibration`` and the ``layout`` it ran on under ``key`` (written whole, then renamed: a reader never
+    sees half a file)."""
     path = _cache_file()
     try:
         kept = json.loads(path.read_text())
@@ -125,6 +139,7 @@ def remember(key: str, calibration: Calibration) -> None:
         "threshold_db": calibration.threshold_db,
         "psnr_db": calibration.psnr_db,
         "refreshed_steps": list(calibration.refreshed_steps),
+        "layout": layout,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.partial")

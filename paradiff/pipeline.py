@@ -36,7 +36,7 @@ from .caches.applied import adapt_caches, check_auto, describe_caches
 from .checks import check_parallelize, vae_scale_factor
 from .config import SHARED_OPTIONS, ParallelConfig, default_warmup
 from .errors import ParadiffError, PeerFailure
-from .fidelity_floor import cache_key, cached_threshold, calibrate, remember
+from .fidelity_floor import cache_key, calibrate, kept_calibration, remember
 from .layers.decode_broadcast import DecodeOnOneRankHook
 from .layers.refresh import RefreshHook
 from .models import decoder_family_of, family_of, find_denoiser
@@ -262,8 +262,11 @@ class ParallelState:
         key = cache_key(
             self.model.description, shape, steps, config.as_options(), self.world.size, config.fidelity_floor_db
         )
-        threshold = self.world.all_gather_object(cached_threshold(key) if self.world.rank == 0 else None)[0]
-        if threshold is None:
+        kept = self.world.all_gather_object(kept_calibration(key) if self.world.rank == 0 else None)[0]
+        installed = self.strategy_part.installed  # a guard comes with a strategy part
+        if kept is not None and installed.adopt(kept.layout):
+            threshold = kept.threshold_db
+        else:
 
             def run(threshold: float | None):
                 return self._calibration_run(pipe, stock_call, args, kwargs, threshold)
@@ -274,7 +277,7 @@ class ParallelState:
             )
             self.guard.calibrated = (calibration.runs, time.perf_counter() - start)
             if self.world.rank == 0:
-                remember(key, calibration)
+                remember(key, calibration, installed.layout())
             threshold = calibration.threshold_db
         self.thresholds[shape] = threshold
         return threshold

@@ -12,6 +12,7 @@ from patch_cases import against_one_device
 
 from paradiff.builtin import call_kwargs
 from paradiff.loading import load_pipeline
+from paradiff.pipeline import ParallelState
 from paradiff.runtime.comm import Communicator
 from paradiff.runtime.distributed import RankGroup
 from paradiff.runtime.staleness import StalenessGuard
@@ -48,7 +49,7 @@ def guarded_vs_one_device(
     calls = []
     pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))
     reference_calls = steps  # one call per step on one device (batched CFG)
-    kept = mock.patch("paradiff.pipeline.cached_threshold", return_value=kept_threshold) if kept_threshold else None
+    kept = mock.patch.object(ParallelState, "threshold", return_value=kept_threshold) if kept_threshold else None
     with kept or contextlib.nullcontext():
         result = against_one_device(
             pipe, inputs, size, steps, fidelity_floor_db=floor, output_type=output_type, **options
@@ -86,3 +87,14 @@ def calibration_on_ranks_that_see_different_pictures() -> dict:
 
     calibration = calibrate(run, 21.0, lambda psnr_db: comm.all_gather_object(psnr_db)[0])
     return {"threshold_db": calibration.threshold_db, "runs": calibration.runs}
+
+
+def asyncdiff_under_a_floor_measuring(cut: tuple[int, ...], floor: float, cache: str) -> dict:
+    """:func:`guarded_vs_one_device` for ``asyncdiff`` on the built-in DiT whose timings would cut it as ``cut``
+    (the balancing made to choose it), with the cut it ran."""
+
+    def ran(pipe) -> dict:
+        return {"cut": pipe._paradiff.strategy_part.installed.cut}
+
+    with mock.patch("paradiff.strategies.asyncdiff.balanced_cut", return_value=cut):
+        return guarded_vs_one_device(BUILTIN_DIT, 128, 8, floor, cache, strategy="asyncdiff", inspect=ran)

@@ -22,6 +22,7 @@ from displaced_reference import (
 from patch_cases import flux_true_cfg_inputs
 
 import paradiff
+from paradiff.pipeline import ParallelState
 from paradiff.runtime.staleness import StalenessGuard
 from paradiff.tiny import build_pipeline, prompt_inputs
 
@@ -235,7 +236,7 @@ REFRESHED_ROUNDS = frozenset({1, 4})
 def refreshed_latents(family: str, size: int, steps: int, refreshed: frozenset[int], **options) -> np.ndarray:
     """This rank's final latents under ``fidelity_floor_db`` with the guard refreshing ``refreshed`` (its decision is
     fixed: what is tested is how each strategy runs a refreshed step, not which steps the guard picks)."""
-    threshold = mock.patch("paradiff.pipeline.cached_threshold", return_value=0.0)  # as if calibrated before
+    threshold = mock.patch.object(ParallelState, "threshold", return_value=0.0)  # as if calibrated before
     decide = mock.patch.object(StalenessGuard, "decide", lambda guard, step: step in refreshed)
     with threshold, decide:
         return displaced_latents(family, size, steps, fidelity_floor_db=30.0, **options)

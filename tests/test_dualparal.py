@@ -14,6 +14,7 @@ from paradiff import ParadiffError
 from paradiff.config import ParallelConfig
 from paradiff.metrics import psnr
 from paradiff.models import family_of
+from paradiff.pipeline import ParallelState
 from paradiff.runtime.staleness import StalenessGuard
 from paradiff.strategies.dualparal import one_device_schedule
 from paradiff.tiny import build, pipeline
@@ -165,7 +166,7 @@ def test_displaced_reads_last_steps_keys_after_warm_up(pool2):
 def refreshed_vs_one_device(refreshed: frozenset[int], **options) -> dict:
     """:func:`dualparal_vs_one_device` under ``fidelity_floor_db`` with the staleness guard refreshing ``refreshed``
     (its decision fixed: what is tested is how a refreshed call runs)."""
-    threshold = mock.patch("paradiff.pipeline.cached_threshold", return_value=0.0)  # as if calibrated before
+    threshold = mock.patch.object(ParallelState, "threshold", return_value=0.0)  # as if calibrated before
     decide = mock.patch.object(StalenessGuard, "decide", lambda guard, step: step in refreshed)
     with threshold, decide:
         return dualparal_vs_one_device(fidelity_floor_db=30.0, warmup_steps=0, **options)

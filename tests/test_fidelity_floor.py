@@ -11,13 +11,22 @@ from exactness import assert_exact
 from guard_cases import (
     BUILTIN_DIT,
     agreed_decisions,
+    asyncdiff_under_a_floor_measuring,
     calibration_on_ranks_that_see_different_pictures,
     guarded_vs_one_device,
 )
 
 from paradiff import ParallelConfig
 from paradiff.errors import ParadiffError
-from paradiff.fidelity_floor import MARGIN_DB, Calibration, cached_threshold, calibrate, remember, thresholds_between
+from paradiff.fidelity_floor import (
+    MARGIN_DB,
+    Calibration,
+    Kept,
+    calibrate,
+    kept_calibration,
+    remember,
+    thresholds_between,
+)
 from paradiff.runtime.staleness import moved_db
 from paradiff.strategies import register, strategy_class, strategy_names, unregister
 from paradiff.strategies.base import Strategy
@@ -66,14 +75,29 @@ def test_a_floor_no_displaced_step_reaches_refreshes_every_step():
     assert calibration.psnr_db == math.inf and calibration.threshold_db > 20.0
 
 
-def test_calibrations_are_kept_per_key(tmp_path, monkeypatch):
+def test_calibrations_are_kept_per_key_with_their_layout(tmp_path, monkeypatch):
     monkeypatch.setenv("PARADIFF_CACHE_DIR", str(tmp_path))
-    assert cached_threshold("a") is None
-    remember("a", Calibration(12.5, 31.0, (1, 2), 4))
-    remember("b", Calibration(7.0, math.inf, (), 1))
-    assert cached_threshold("a") == 12.5 and cached_threshold("b") == 7.0
+    assert kept_calibration("a") is None
+    remember("a", Calibration(12.5, 31.0, (1, 2), 4), {})
+    remember("b", Calibration(7.0, math.inf, (), 1), {"asyncdiff_cut": [3, 3]})
+    assert kept_calibration("a") == Kept(12.5, {}) and kept_calibration("b") == Kept(7.0, {"asyncdiff_cut": [3, 3]})
+    (tmp_path / "fidelity_floor.json").write_text('{"a": {"threshold_db": 12.5}}')  # kept before layouts were
+    assert kept_calibration("a") is None
     (tmp_path / "fidelity_floor.json").write_text("{not json")
-    assert cached_threshold("a") is None
+    assert kept_calibration("a") is None
+
+
+@pytest.mark.timeout(300)
+def test_a_kept_calibration_runs_the_asyncdiff_cut_it_was_measured_on(pool2, tmp_path):
+    """The cut decides asyncdiff's pictures, and the one measured follows the machine's timings: a process whose
+    timings cut the DiT (2, 4) and finds a threshold calibrated on (3, 3) runs (3, 3), so the floor holds."""
+    first = pool2.run(asyncdiff_under_a_floor_measuring, (3, 3), 30.0, str(tmp_path))
+    assert [r["cut"] for r in first] == [(3, 3), (3, 3)] and first[0]["denoiser_calls"] > 8
+    kept = pool2.run(asyncdiff_under_a_floor_measuring, (2, 4), 30.0, str(tmp_path))
+    assert [r["cut"] for r in kept] == [(3, 3), (3, 3)]
+    assert [r["denoiser_calls"] for r in kept] == [8, 8]  # no calibration
+    assert kept[0]["stats"]["guard"]["threshold_db"] == first[0]["stats"]["guard"]["threshold_db"]
+    assert all(r["psnr_db"] >= 30.0 for r in kept), [r["psnr_db"] for r in kept]
 
 
 @pytest.mark.parametrize("floor", [0, -3, "30", math.inf, True])

@@ -67,6 +67,17 @@ class AsyncDiffInstallation(Installation):
         """Units per component, once known (given, or measured on the first call)."""
         return self.call.plan.cut if self.call.plan is not None else None
 
+    def layout(self) -> dict:
+        """The cut, measured or given: it decides which stale outputs each component reads, so the pictures."""
+        return {"asyncdiff_cut": list(self.cut)} if self.cut is not None else {}
+
+    def adopt(self, layout: dict) -> bool:
+        """Take ``layout``'s cut where none is measured yet; a layout without a cut does not hold for components."""
+        cut = layout.get("asyncdiff_cut")
+        if self.cut is None and cut is not None:
+            self.call.set_cut(tuple(cut))
+        return self.cut is not None and layout == self.layout()
+
 
 def components_for(degree: int, stride: int) -> int:
     """Components run on ``degree`` ranks: one per rank, less the extra rank of stride 2."""

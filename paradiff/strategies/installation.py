@@ -49,6 +49,17 @@ class Installation:
         left out of what the ranks compare about the model at each call. None by default."""
         return set()
 
+    def layout(self) -> dict:
+        """The choices this installation made at run time that change its pictures, not only its speed, as the
+        options that make them again; {} where there are none. The staleness guard's calibration holds on its own
+        layout only."""
+        return {}
+
+    def adopt(self, layout: dict) -> bool:
+        """Make the run-time choices of ``layout`` (another process's :meth:`layout`) where they are still open;
+        whether this installation now runs that layout."""
+        return layout == self.layout()
+
     def steer(self, pipe) -> contextlib.AbstractContextManager:
         """The strategy's hold on the pipeline's loop during one call; none by default."""
         return contextlib.nullcontext()
