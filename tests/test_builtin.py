@@ -199,6 +199,56 @@ def test_the_training_script_tunes_the_unet_and_writes_its_moving_average(short_
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(("denoiser", "folder"), [("dit", "pixart/transformer"), ("unet", "sd/unet")])
+def test_tuning_from_a_written_model_goes_on_from_its_denoiser(short_run, tmp_path, monkeypatch, denoiser, folder):
+    """``--tune-from DIR --denoisers dit --dit-tune 2`` (and the U-Net's): no training stage runs; the tuning stage
+    starts from DIR's denoiser (2 steps move it by little, where a fresh one would differ wholly), at the lower
+    learning rate, and the denoiser written is its moving average, with DIR's config."""
+    import paradiff.builtin.train as training
+
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
+    out, state = tmp_path / "out", tmp_path / "state"
+    training.main(
+        ["--out", str(out), "--encoders", str(short_run / "sd"), "--denoisers", denoiser]
+        + ["--tune-from", str(short_run), f"--{denoiser}-tune", "2", "--checkpoints", str(state)]
+    )
+    assert sorted(path.name for path in state.iterdir()) == [f"{denoiser}-retune.pt"], "only a tuning stage ran"
+    tuned = torch.load(state / f"{denoiser}-retune.pt", weights_only=False)
+    assert tuned["step"] == 2
+    peak = training.TUNE_LR * training.RETUNE_LR_SHARE
+    assert training.RETUNE_LR_SHARE < 1 and tuned["optimizer"]["param_groups"][0]["lr"] == training.lr_at(1, 2, peak)
+    started = weights_in(short_run / folder)
+    moved = max(float((tuned[denoiser][name] - started[name].float()).abs().max()) for name in started)
+    assert 0 < moved < 1e-4, moved
+    written = weights_in(out / folder)
+    assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
+    config = f"{folder}/config.json"
+    assert (out / config).read_text() == (short_run / config).read_text(), "the config names no folder"
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ([], "give --dit-tune N, or leave dit out of --denoisers"),
+        (["--dit-tune", "2", "--dit-steps", "5"], "--tune-from skips the DiT's training stage"),
+    ],
+)
+def test_tuning_from_a_written_model_refuses_what_it_cannot_run(short_run, tmp_path, capsys, extra, refusal):
+    import paradiff.builtin.train as training
+
+    with pytest.raises(SystemExit):
+        training.main(
+            ["--out", str(tmp_path), "--encoders", str(short_run / "sd"), "--denoisers", "dit"]
+            + ["--tune-from", str(short_run), *extra]
+        )
+    assert refusal in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        training.main(["--out", str(tmp_path), "--tune-from", str(short_run), "--dit-tune", "2", "--unet-tune", "2"])
+    assert "--tune-from need --encoders" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+@pytest.mark.timeout(300)
 def test_the_decoder_tuning_changes_the_decoder_alone(short_run, tmp_path):
     """``--encoders DIR --denoisers --decoder-tune 2``: the folder written is DIR with a VAE whose decoder moved and
     whose encoder (what the denoisers learned from) did not; nothing else changes."""

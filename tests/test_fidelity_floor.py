@@ -164,15 +164,17 @@ def test_ranks_bisect_on_rank_0s_psnr_so_they_calibrate_alike(pool2):
     assert results[0] == results[1], results
 
 
+#: Floors the calibration's bisection would leave for one refreshed step or for all only if some PSNR it meets on the
+#: way moved 3.7 dB or more (docs/benchmarks.md's run log has them), so that another machine's round-off cannot.
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("strategy", "floor", "options"),
     [
         ("patch", 40.0, {}),
-        ("pipefusion", 29.0, {}),
-        ("pipefusion", 29.0, {"pipefusion_sync": "sequence"}),
-        ("asyncdiff", 30.0, {"asyncdiff_cut": (3, 3)}),
-        ("parastep", 45.0, {}),
+        ("pipefusion", 46.0, {}),
+        ("pipefusion", 46.0, {"pipefusion_sync": "sequence"}),
+        ("asyncdiff", 37.0, {"asyncdiff_cut": (3, 3)}),
+        ("parastep", 52.5, {}),
     ],
     ids=["patch", "pipefusion", "pipefusion-rows", "asyncdiff", "parastep"],
 )

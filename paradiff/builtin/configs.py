@@ -129,8 +129,8 @@ def build_unet() -> UNet2DConditionModel:
 
 
 def build_dit(patch_size: int = 4) -> PixArtTransformer2DModel:
-    """The DiT. The shipped one has patches of 4x4 latents; patches of 2x2 give it four times the tokens, and
-    the compute, at a given picture size."""
+    """The DiT, of patches of 4x4 latents by default; the shipped one has patches of 2x2, which give it four times
+    the tokens, and the compute, at a given picture size."""
     return PixArtTransformer2DModel(
         sample_size=LATENT_SIZE,
         patch_size=patch_size,

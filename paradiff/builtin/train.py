@@ -28,7 +28,9 @@ earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the denoisers' s
 and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
 tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune`), and
 ``--unet-tune N`` the U-Net; ``--shape-weight W`` has those stages also count the loss W times more where the
-shape's colour shows; ``--encoders DIR --denoisers --decoder-tune N`` tunes the decoder of DIR's VAE alone.
+shape's colour shows; ``--encoders DIR --denoisers --decoder-tune N`` tunes the decoder of DIR's VAE alone;
+``--tune-from MODEL`` starts the tuning stages from a written model's denoisers (trained on ``--encoders``) instead
+of training them first.
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -47,7 +49,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers import AutoencoderKL, DDPMScheduler, ModelMixin, PixArtAlphaPipeline, StableDiffusionPipeline
+from diffusers import (
+    AutoencoderKL,
+    DDPMScheduler,
+    ModelMixin,
+    PixArtAlphaPipeline,
+    PixArtTransformer2DModel,
+    StableDiffusionPipeline,
+    UNet2DConditionModel,
+)
 from diffusers.utils import logging as diffusers_logging
 from transformers import CLIPTextModel
 
@@ -76,6 +86,10 @@ UNET_LR, DIT_LR = 1e-3, 1e-3
 #: whose timestep is drawn from :data:`TUNE_HIGH_FROM` up, and the decay of the moving average of the weights that
 #: it writes. The video model's high-noise stage has its own share, floor and draw: each keeps the weights it made.
 TUNE_LR, TUNE_HIGH_SHARE, TUNE_HIGH_FROM, EMA_DECAY = 5e-4, 0.5, 500, 0.999
+#: A tuning stage started from a written model's denoisers (``--tune-from``): its peak learning rate as a share of
+#: :data:`TUNE_LR` (a finished tuning's last steps ran at 0.10-0.16 of it; a whole one would undo them), and the seed
+#: offset of its batches (a stage of its own: the first tuning's offsets would replay that stage's batches).
+RETUNE_LR_SHARE, RETUNE_SEED = 0.3, 31
 #: How many times more the tuning stage's loss counts a latent wholly inside a scene's kind region
 #: (:meth:`~paradiff.builtin.scenes.Scene.kind_region`) than one outside it.
 KIND_WEIGHT = 10.0
@@ -442,6 +456,7 @@ def tune(
     generator: torch.Generator,
     steps: int,
     checkpoints: Path | None,
+    retune: bool = False,
 ) -> torch.nn.Module:
     """The trained denoiser ``name`` (``trainer``: :func:`train_dit` or :func:`train_unet`) further, at half the
     learning rate with half of each batch at high noise and the loss weighted up on the kind region (``batches``
@@ -455,11 +470,16 @@ def tune(
     are a small share of an even loss, so the loss counts them :data:`KIND_WEIGHT` times (docs/benchmarks.md
     has the figures). The average smooths the steps' noise out of the outline. The asked colour, too, fills a
     small share of most pictures, and one that bleeds into its neighbour (purple into blue) costs an even loss
-    little: ``batches`` drawn with a shape share weigh the whole shape up as well (``--shape-weight``)."""
+    little: ``batches`` drawn with a shape share weigh the whole shape up as well (``--shape-weight``).
+
+    ``retune``: ``denoiser`` is a written model's, already tuned (``--tune-from``); the stage runs at
+    :data:`RETUNE_LR_SHARE` of the learning rate and saves its state apart from the first tuning's."""
     average = copy.deepcopy(denoiser).requires_grad_(False)
     modules = {name: denoiser, "average": average}
-    resumable = Resumable(checkpoints / f"{name}-tune.pt", modules, generator) if checkpoints else None
-    trainer(denoiser, text_encoder, batches, steps, resumable, TUNE_LR, average)
+    state = checkpoints / f"{name}-{'retune' if retune else 'tune'}.pt" if checkpoints else None
+    resumable = Resumable(state, modules, generator) if state else None
+    peak_lr = TUNE_LR * (RETUNE_LR_SHARE if retune else 1.0)
+    trainer(denoiser, text_encoder, batches, steps, resumable, peak_lr, average)
     return average
 
 
@@ -530,6 +550,7 @@ def train(
     unet_tune: int = 0,
     shape_weight: float = 0.0,
     decoder_tune: int = 0,
+    tune_from: Path | None = None,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
     ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
@@ -539,7 +560,9 @@ def train(
     steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net;
     ``shape_weight`` is :func:`tune`'s extra weight on the shape region; ``decoder_tune`` steps of
     :func:`tune_decoder` follow the text encoder (with ``encoders`` and no ``denoisers``, only they run, and the
-    encoders' folder is written with the new VAE)."""
+    encoders' folder is written with the new VAE); with ``tune_from`` (a written model folder, trained on
+    ``encoders``) the ``denoisers`` are its own, their training stages do not run, and their tuning stages go on
+    from them (``tune(..., retune=True)``)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -579,17 +602,22 @@ def train(
         small_latents, small_captions, small_maps = encode_dataset(
             vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out, shape_share
         )
-        torch.manual_seed(seed + 6)
-        unet = build_unet()
-        generator = torch.Generator().manual_seed(seed + 3)
-        resumable = Resumable(checkpoints / "unet.pt", {"unet": unet}, generator) if checkpoints else None
         unet_latents = small_latents * vae.config.scaling_factor
-        batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator)
-        train_unet(unet, text_encoder, batches, scaled(UNET_STEPS), resumable)
+        if tune_from is None:
+            torch.manual_seed(seed + 6)
+            unet = build_unet()
+            generator = torch.Generator().manual_seed(seed + 3)
+            resumable = Resumable(checkpoints / "unet.pt", {"unet": unet}, generator) if checkpoints else None
+            batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator)
+            train_unet(unet, text_encoder, batches, scaled(UNET_STEPS), resumable)
+        else:  # its weights into a built U-Net, whose config does not name the folder they came from
+            unet = build_unet()
+            unet.load_state_dict(UNet2DConditionModel.from_pretrained(tune_from / "sd" / "unet").state_dict())
         if unet_tune:
-            generator = torch.Generator().manual_seed(seed + 12)
+            generator = torch.Generator().manual_seed(seed + (12 if tune_from is None else RETUNE_SEED))
             batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator, True, small_maps)
-            unet = tune("unet", unet, train_unet, text_encoder, batches, generator, unet_tune, checkpoints)
+            retune = tune_from is not None
+            unet = tune("unet", unet, train_unet, text_encoder, batches, generator, unet_tune, checkpoints, retune)
         save_sd(out, tokenizer, text_encoder, vae, unet)
     else:
         if (out / "sd").resolve() != encoders.resolve():
@@ -599,17 +627,23 @@ def train(
             shutil.rmtree(out / "sd" / "vae")
             _save_in_float16(vae, out / "sd" / "vae")
     if "dit" in denoisers:
-        torch.manual_seed(seed + 7)
-        dit = build_dit(dit_patch)
-        generator = torch.Generator().manual_seed(seed + 4)
-        resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
         dit_latents = latents * vae.config.scaling_factor
-        batches = denoiser_batches(dit_latents, captions, tokenizer, generator)
-        train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
+        if tune_from is None:
+            torch.manual_seed(seed + 7)
+            dit = build_dit(dit_patch)
+            generator = torch.Generator().manual_seed(seed + 4)
+            resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
+            batches = denoiser_batches(dit_latents, captions, tokenizer, generator)
+            train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
+        else:  # as the U-Net's, with the written DiT's patch size
+            saved = PixArtTransformer2DModel.from_pretrained(tune_from / "pixart" / "transformer")
+            dit = build_dit(saved.config.patch_size)
+            dit.load_state_dict(saved.state_dict())
         if dit_tune:
-            generator = torch.Generator().manual_seed(seed + 11)
+            generator = torch.Generator().manual_seed(seed + (11 if tune_from is None else RETUNE_SEED))
             batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True, kind_maps)
-            dit = tune("dit", dit, train_dit, text_encoder, batches, generator, dit_tune, checkpoints)
+            retune = tune_from is not None
+            dit = tune("dit", dit, train_dit, text_encoder, batches, generator, dit_tune, checkpoints, retune)
         save_pixart(out, tokenizer, text_encoder, vae, dit)
 
 
@@ -661,11 +695,24 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="after the text encoder, tune the VAE's decoder alone this many steps; the latents stay (default: 0)",
     )
+    parser.add_argument(
+        "--tune-from",
+        type=Path,
+        help="a written model folder (trained on --encoders): its denoisers skip their training stage and take "
+        "--dit-tune / --unet-tune steps more from its weights, at a lower learning rate",
+    )
     args = parser.parse_args(argv)
-    if args.encoders is None and tuple(args.denoisers) != DENOISERS:
-        parser.error("--denoisers needs --encoders (the VAE and text encoder the denoisers train on)")
+    if args.encoders is None and (tuple(args.denoisers) != DENOISERS or args.tune_from):
+        parser.error("--denoisers and --tune-from need --encoders (the VAE and text encoder the denoisers train on)")
     if not args.denoisers and not args.decoder_tune:
         parser.error("no --denoisers and no --decoder-tune: there is nothing to train")
+    untuned = [name for name in args.denoisers if not getattr(args, f"{name}_tune")]
+    if args.tune_from and untuned:
+        parser.error(
+            f"--tune-from runs only tuning stages; give --{untuned[0]}-tune N, or leave {untuned[0]} out of --denoisers"
+        )
+    if args.tune_from and args.dit_steps is not None:
+        parser.error("--tune-from skips the DiT's training stage, so --dit-steps has nothing to count")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     train(
@@ -682,6 +729,7 @@ def main(argv: list[str] | None = None) -> None:
         args.unet_tune,
         args.shape_weight,
         args.decoder_tune,
+        args.tune_from,
     )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
