@@ -209,7 +209,7 @@ def test_tuning_from_a_written_model_goes_on_from_its_denoiser(short_run, tmp_pa
     monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
     out, state = tmp_path / "out", tmp_path / "state"
     training.main(
-        ["--out", str(out), "--encoders", str(short_run / "sd"), "--denoisers", denoiser]
+        ["--out", str(out), "--scale", "0.001", "--encoders", str(short_run / "sd"), "--denoisers", denoiser]
         + ["--tune-from", str(short_run), f"--{denoiser}-tune", "2", "--checkpoints", str(state)]
     )
     assert sorted(path.name for path in state.iterdir()) == [f"{denoiser}-retune.pt"], "only a tuning stage ran"

@@ -7,8 +7,9 @@
 The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
 temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
 VAE. It starts from a ``paradiff-tiny`` folder's DiT, VAE and text encoder, so it draws shapes and colours from
-the first step and only has to learn how they move: the shipped model from the shipped ones (a DiT of 2x2
-patches, drawing 128 px frames: 8x8 tokens each, as many as a 4x4-patch DiT at 256 px). Stages, each seeded:
+the first step and only has to learn how they move: the shipped model from a DiT of 2x2 patches (the one
+shipped before the pictures' DiT took its last tuning steps: docs/builtin-models.md), drawing 128 px frames: 8x8
+tokens each, as many as a 4x4-patch DiT at 256 px. Stages, each seeded:
 
 1. the tokenizer gains the clips' motion words after the pictures' words ("moving", and one token for each
    direction phrase, :data:`~paradiff.builtin.clips.DIRECTION_TOKENS`), and the text encoder one embedding
