@@ -513,7 +513,9 @@ def comm_stats(pipe) -> dict:
     The denoiser's counters include the cfg split's output gathers (``cfg_gathers``, their bytes and waits).
     With ``strategy="pipefusion"`` they also hold ``idle_share``: the share of the denoiser calls' time
     this rank waited for another stage (the pipeline's bubble), overall and per step. With ``fidelity_floor_db``,
-    ``guard`` holds what the staleness guard decided (``runtime.staleness.GuardCounters``).
+    ``guard`` holds what the staleness guard decided (``runtime.staleness.GuardCounters``). ``layout`` holds the
+    choices the strategy made at run time that change the picture, as the options that make them again
+    (``asyncdiff``'s measured cut), where it made any.
     """
     state = getattr(pipe, "_paradiff", None)
     if isinstance(state, AutoState):
@@ -524,4 +526,7 @@ def comm_stats(pipe) -> dict:
     summary = CommStats.combined(*(part.comm.stats for part in denoiser_parts)).summary()
     if state.decoder_part is not None:
         summary["vae_decode_bytes"] = state.decoder_part.comm.stats.total().bytes_sent
+    layout = state.strategy_part.installed.layout() if state.strategy_part is not None else {}
+    if layout:
+        summary["layout"] = layout
     return summary

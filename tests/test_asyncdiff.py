@@ -86,6 +86,7 @@ def test_displaced_runs_close_and_sends_only_its_component(pool2, family):
     steps, warmup = 5, 2
     results = pool2.run(asyncdiff_vs_one_device, family, 64, steps, warmup=warmup)
     _check_displaced(results, warmup, steps, min_psnr=15.0)
+    assert all(result["stats"]["layout"] == {"asyncdiff_cut": list(result["cut"])} for result in results)
     first, last = results
     for step in range(warmup + 1, steps):
         # rank 0 sends its component's outputs to rank 1, nothing else; rank 1 only broadcasts the prediction
@@ -141,6 +142,7 @@ def test_a_cut_given_by_the_user(pool2):
     results = pool2.run(asyncdiff_vs_one_device, "sd", 64, 4, warmup=1, asyncdiff_cut=(5, 2))
     _check_displaced(results, 1, 4, min_psnr=10.0)
     assert all(result["cut"] == (5, 2) for result in results)
+    assert all(result["stats"]["layout"] == {"asyncdiff_cut": [5, 2]} for result in results)
 
 
 @pytest.mark.timeout(300)
