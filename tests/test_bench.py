@@ -275,6 +275,19 @@ def test_every_report_says_which_metrics_ran(tmp_path, monkeypatch):
     assert metrics_line(None) == "metrics: PSNR, SSIM, LPIPS"
 
 
+def test_the_layout_a_run_took_is_in_its_row(tmp_path):
+    """``asyncdiff``'s cut, measured in the run (``comm_stats``' ``layout``), is in its row of results.json, so the
+    run can be repeated on it; a run without one has null."""
+    job, results = made_up_image_job(tmp_path)
+    asyncdiff = RunResult(RunSpec("asyncdiff", 1))
+    for output in results.runs[1].outputs:
+        asyncdiff.add(output, 0.5, {"bytes_per_step": 2e6, "layout": {"asyncdiff_cut": [3, 3]}})
+    results.runs.append(asyncdiff)
+    write_report_files(job, results)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [row["layout"] for row in rows] == [None, None, {"asyncdiff_cut": [3, 3]}]
+
+
 def test_lpips_names_a_torchvision_that_does_not_import(monkeypatch):
     real = fidelity_module.importlib.util.find_spec
     monkeypatch.setattr(

@@ -47,6 +47,8 @@ class RunResult:
     wait_s: list[float] = field(default_factory=list)
     #: Under a fidelity floor: the steps the staleness guard refreshed, per output.
     refreshed_steps: list[list[int]] = field(default_factory=list)
+    #: The run-time choices that changed its pictures (``comm_stats``' ``layout``: ``asyncdiff``'s measured cut).
+    layout: dict | None = None
 
     def add(self, output: np.ndarray, seconds: float, comm: dict) -> None:
         self.outputs.append(output)
@@ -55,6 +57,7 @@ class RunResult:
         self.wait_s.append(float(comm.get("wait_s", 0.0)))
         if "guard" in comm:
             self.refreshed_steps.append(list(comm["guard"]["refreshed_steps"]))
+        self.layout = comm.get("layout", self.layout)
 
 
 @dataclass
