@@ -91,10 +91,11 @@ def test_calibrations_are_kept_per_key_with_their_layout(tmp_path, monkeypatch):
 def test_a_kept_calibration_runs_the_asyncdiff_cut_it_was_measured_on(pool2, tmp_path):
     """The cut decides asyncdiff's pictures, and the one measured follows the machine's timings: a process whose
     timings cut the DiT (2, 4) and finds a threshold calibrated on (3, 3) runs (3, 3), so the floor holds."""
+    ran_on = {"asyncdiff_cut": [3, 3]}
     first = pool2.run(asyncdiff_under_a_floor_measuring, (3, 3), 30.0, str(tmp_path))
-    assert [r["cut"] for r in first] == [(3, 3), (3, 3)] and first[0]["denoiser_calls"] > 8
+    assert [r["stats"]["layout"] for r in first] == [ran_on, ran_on] and first[0]["denoiser_calls"] > 8
     kept = pool2.run(asyncdiff_under_a_floor_measuring, (2, 4), 30.0, str(tmp_path))
-    assert [r["cut"] for r in kept] == [(3, 3), (3, 3)]
+    assert [r["stats"]["layout"] for r in kept] == [ran_on, ran_on]
     assert [r["denoiser_calls"] for r in kept] == [8, 8]  # no calibration
     assert kept[0]["stats"]["guard"]["threshold_db"] == first[0]["stats"]["guard"]["threshold_db"]
     assert all(r["psnr_db"] >= 30.0 for r in kept), [r["psnr_db"] for r in kept]
