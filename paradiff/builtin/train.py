@@ -56,7 +56,6 @@ from diffusers import (
     PixArtAlphaPipeline,
     PixArtTransformer2DModel,
     StableDiffusionPipeline,
-    UNet2DConditionModel,
 )
 from diffusers.utils import logging as diffusers_logging
 from transformers import CLIPTextModel
@@ -483,6 +482,13 @@ def tune(
     return average
 
 
+def with_written_weights(built: ModelMixin, folder: Path) -> ModelMixin:
+    """``built`` holding the weights written in ``folder``: its config, unlike a loaded model's, names no folder
+    (``_name_or_path``), so what it writes is what a fresh run would write."""
+    built.load_state_dict(type(built).from_pretrained(folder).state_dict())
+    return built
+
+
 def _save_in_float16(saved, folder: Path) -> None:
     """Write ``saved`` (a pipeline or one model) with its diffusers models' weights in float16, leaving the models in
     float32."""
@@ -573,10 +579,9 @@ def train(
     if encoders is None:
         torch.manual_seed(seed + 1)
         train_vae(vae, scaled(VAE_STEPS), seed + 1)
-    else:  # its weights and scale into the built VAE, whose config does not name the folder it was loaded from
-        saved = AutoencoderKL.from_pretrained(encoders / "vae")
-        vae.load_state_dict(saved.state_dict())
-        vae.register_to_config(scaling_factor=saved.config.scaling_factor)
+    else:
+        vae = with_written_weights(vae, encoders / "vae")
+        vae.register_to_config(scaling_factor=AutoencoderKL.load_config(encoders / "vae")["scaling_factor"])
     round_to_float16(vae)
     vae.requires_grad_(False).eval()
     round_trip_scenes = max(8, min(32, round(32 * scale)))
@@ -598,25 +603,24 @@ def train(
         round_to_float16(vae)
         log_round_trip_error(vae, seed + 8, round_trip_scenes)
 
+    retune = tune_from is not None
     if "unet" in denoisers:
         small_latents, small_captions, small_maps = encode_dataset(
             vae, count, seed + 2, UNET_IMAGE_SIZE, hold_out, shape_share
         )
         unet_latents = small_latents * vae.config.scaling_factor
-        if tune_from is None:
+        if not retune:
             torch.manual_seed(seed + 6)
             unet = build_unet()
             generator = torch.Generator().manual_seed(seed + 3)
             resumable = Resumable(checkpoints / "unet.pt", {"unet": unet}, generator) if checkpoints else None
             batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator)
             train_unet(unet, text_encoder, batches, scaled(UNET_STEPS), resumable)
-        else:  # its weights into a built U-Net, whose config does not name the folder they came from
-            unet = build_unet()
-            unet.load_state_dict(UNet2DConditionModel.from_pretrained(tune_from / "sd" / "unet").state_dict())
+        else:
+            unet = with_written_weights(build_unet(), tune_from / "sd" / "unet")
         if unet_tune:
-            generator = torch.Generator().manual_seed(seed + (12 if tune_from is None else RETUNE_SEED))
+            generator = torch.Generator().manual_seed(seed + (RETUNE_SEED if retune else 12))
             batches = denoiser_batches(unet_latents, small_captions, tokenizer, generator, True, small_maps)
-            retune = tune_from is not None
             unet = tune("unet", unet, train_unet, text_encoder, batches, generator, unet_tune, checkpoints, retune)
         save_sd(out, tokenizer, text_encoder, vae, unet)
     else:
@@ -628,21 +632,20 @@ def train(
             _save_in_float16(vae, out / "sd" / "vae")
     if "dit" in denoisers:
         dit_latents = latents * vae.config.scaling_factor
-        if tune_from is None:
+        if not retune:
             torch.manual_seed(seed + 7)
             dit = build_dit(dit_patch)
             generator = torch.Generator().manual_seed(seed + 4)
             resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
             batches = denoiser_batches(dit_latents, captions, tokenizer, generator)
             train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
-        else:  # as the U-Net's, with the written DiT's patch size
-            saved = PixArtTransformer2DModel.from_pretrained(tune_from / "pixart" / "transformer")
-            dit = build_dit(saved.config.patch_size)
-            dit.load_state_dict(saved.state_dict())
+        else:
+            written = tune_from / "pixart" / "transformer"
+            patch = PixArtTransformer2DModel.load_config(written)["patch_size"]
+            dit = with_written_weights(build_dit(patch), written)
         if dit_tune:
-            generator = torch.Generator().manual_seed(seed + (11 if tune_from is None else RETUNE_SEED))
+            generator = torch.Generator().manual_seed(seed + (RETUNE_SEED if retune else 11))
             batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True, kind_maps)
-            retune = tune_from is not None
             dit = tune("dit", dit, train_dit, text_encoder, batches, generator, dit_tune, checkpoints, retune)
         save_pixart(out, tokenizer, text_encoder, vae, dit)
 
