@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import LattePipeline
+from safetensors.torch import load_file
 from scene_analysis import motion_misses
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
@@ -22,6 +23,7 @@ from paradiff.builtin.video_train import (
     HIGH_NOISE_SHARE,
     VIDEO_BATCH,
     direction_classes,
+    main,
     train,
     video_batches,
 )
@@ -86,24 +88,66 @@ def test_unknown_words_for_the_video_model_include_no_motion_word():
     assert call_kwargs("video", prompt, warn=False) == {"prompt": prompt, "guidance_scale": 2.0, "clean_caption": False}
 
 
+@pytest.fixture(scope="module")
+def short_video_run(tmp_path_factory) -> Path:
+    """The training script's output folder after every stage ran 2 steps on 4 clips (``--scale 0.001``)."""
+    out = tmp_path_factory.mktemp("short-video-run")
+    train(out, scale=0.001, seed=0, pictures=WEIGHTS)
+    return out
+
+
 @pytest.mark.timeout(300)
-def test_video_training_writes_a_pipeline_that_loads_and_draws(tmp_path):
-    train(tmp_path, scale=0.001, seed=0, pictures=WEIGHTS)
-    pipe = LattePipeline.from_pretrained(tmp_path / "video")
+def test_video_training_writes_a_pipeline_that_loads_and_draws(short_video_run, tmp_path):
+    pipe = LattePipeline.from_pretrained(short_video_run / "video")
     pipe.set_progress_bar_config(disable=True)
     read = [pipe.tokenizer(f"moving {phrase}").input_ids[1:-1] for phrase in DIRECTIONS]
     assert all(len(ids) == 2 and pipe.tokenizer.unk_token_id not in ids for ids in read), "one token per direction"
     assert len({ids[1] for ids in read}) == len(DIRECTIONS)
-    assert (tmp_path / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is linked"
+    assert (short_video_run / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is linked"
     frames = draw(pipe, TEST_PROMPTS[0], seed=0, steps=2, size=64)
     assert frames.shape == (FRAMES, 64, 64, 3) and np.isfinite(frames).all()
     # --resume: stage 4 alone, from a written pipeline; the tokenizer and text encoder are kept as they are
-    train(tmp_path / "again", scale=0.001, seed=0, pictures=WEIGHTS, resume=tmp_path / "video")
+    train(tmp_path / "again", scale=0.001, seed=0, pictures=WEIGHTS, resume=short_video_run / "video")
     again = LattePipeline.from_pretrained(tmp_path / "again" / "video")
     kept = zip(again.text_encoder.state_dict().values(), pipe.text_encoder.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in kept)
     trained = zip(again.transformer.state_dict().values(), pipe.transformer.state_dict().values(), strict=True)
     assert not all(torch.equal(a, b) for a, b in trained), "stage 4 trained the DiT further"
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_video_run_resumes_to_the_weights_of_an_unbroken_run(short_video_run, tmp_path, monkeypatch):
+    """``--checkpoints``: stopped at stage 4's 2nd step, a run saved stage 3's last state and stage 4's first; run
+    again, it goes on from them and writes the video DiT the unbroken short run wrote."""
+    import paradiff.builtin.train as training
+    import paradiff.builtin.video_train as video_training
+
+    monkeypatch.setattr(training, "CHECKPOINT_EVERY", 1)
+    unbroken = video_training.video_batches
+
+    def stopping(*args, **kwargs):
+        for index, batch in enumerate(unbroken(*args, **kwargs)):
+            if index == 1 and kwargs.get("high_noise"):
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(video_training, "video_batches", stopping)
+    state = tmp_path / "state"
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "out", scale=0.001, seed=0, pictures=WEIGHTS, checkpoints=state)
+    stages = ("video-dit", "video-dit-high-noise")
+    assert [torch.load(state / f"{name}.pt", weights_only=False)["step"] for name in stages] == [2, 1]
+    monkeypatch.setattr(video_training, "video_batches", unbroken)
+    train(tmp_path / "out", scale=0.001, seed=0, pictures=WEIGHTS, checkpoints=state)
+    runs = (short_video_run, tmp_path / "out")
+    first, second = (load_file(run / "video/transformer/diffusion_pytorch_model.safetensors") for run in runs)
+    assert all(torch.equal(first[name], second[name]) for name in first), "the resumed video DiT differs"
+
+
+def test_the_training_script_refuses_a_size_the_patches_do_not_divide(capsys):
+    with pytest.raises(SystemExit):
+        main(["--size", "200"])
+    assert "--size 200 is not a multiple of 16" in capsys.readouterr().err
 
 
 def test_stage_4_draws_half_of_each_batch_at_high_noise():
@@ -112,7 +156,7 @@ def test_stage_4_draws_half_of_each_batch_at_high_noise():
     latents = torch.zeros(len(clips), 4, FRAMES, 4, 4)
 
     def first_half(high_noise: bool) -> torch.Tensor:
-        batches = video_batches(latents, clips, pipe.tokenizer, seed=1, high_noise=high_noise)
+        batches = video_batches(latents, clips, pipe.tokenizer, torch.Generator().manual_seed(1), high_noise)
         return torch.stack([next(batches)[2][: int(HIGH_NOISE_SHARE * VIDEO_BATCH)] for _ in range(30)])
 
     assert (first_half(True) >= HIGH_NOISE_FROM).all()

@@ -3,6 +3,7 @@
     python -m paradiff.builtin.video_train  # ~48 min on 2 cores; from the shipped pictures, writes paradiff-tiny/video
     python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
     python -m paradiff.builtin.video_train --resume paradiff/builtin/paradiff-tiny/video  # stage 4 only
+    python -m paradiff.builtin.video_train --out DIR --checkpoints STATE  # stopped, the same command goes on
 
 The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
 temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
@@ -44,12 +45,13 @@ from diffusers import AutoencoderKL, DDPMScheduler, LattePipeline, PixArtTransfo
 from transformers import CLIPTextModel
 
 from . import WEIGHTS
-from .clips import DIRECTION_TOKENS, DIRECTIONS, FRAMES, MOTION_WORDS, Clip, make_clips
+from .clips import CLIP_SIZE, DIRECTION_TOKENS, DIRECTIONS, FRAMES, MOTION_WORDS, Clip, make_clips
 from .configs import NOISE_SCHEDULE, build_scheduler, build_tokenizer, build_video_dit
 from .scenes import make_scenes
 from .train import (
     CAPTION_DROPOUT,
     DATASET_SCENES,
+    Resumable,
     _save_in_float16,
     log,
     optimise,
@@ -83,11 +85,12 @@ def direction_classes(captions: list[str]) -> dict[str, int]:
 
 
 @torch.no_grad()
-def encode_clips(vae: AutoencoderKL, clips: list[Clip]) -> torch.Tensor:
-    """Scaled latent means of ``clips``, ``(N, C, FRAMES, h, w)`` as Latte takes them, encoded frame by frame."""
+def encode_clips(vae: AutoencoderKL, clips: list[Clip], size: int = CLIP_SIZE) -> torch.Tensor:
+    """Scaled latent means of ``clips`` drawn at ``size`` px, ``(N, C, FRAMES, h, w)`` as Latte takes them, encoded
+    frame by frame."""
     latents = []
     for index, clip in enumerate(clips):
-        means = vae.encode(to_pixels(clip.draw())).latent_dist.mean
+        means = vae.encode(to_pixels(clip.draw(size))).latent_dist.mean
         latents.append(means.transpose(0, 1) * vae.config.scaling_factor)
         if index % 50 == 0:
             log(f"encoded {index + 1}/{len(clips)} clips")
@@ -95,12 +98,12 @@ def encode_clips(vae: AutoencoderKL, clips: list[Clip]) -> torch.Tensor:
 
 
 def video_batches(
-    latents: torch.Tensor, clips: list[Clip], tokenizer, seed: int, high_noise: bool = False
+    latents: torch.Tensor, clips: list[Clip], tokenizer, generator: torch.Generator, high_noise: bool = False
 ) -> Iterator[tuple]:
     """Endless batches of (noisy latents, v targets, timesteps, token ids, masks); an odd index is a clip reversed.
-    With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from ``HIGH_NOISE_FROM`` up."""
+    With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from ``HIGH_NOISE_FROM`` up.
+    Every draw comes from ``generator``, read only as batches are taken, so a resumed stage restores it first."""
     captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
-    generator = torch.Generator().manual_seed(seed)
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
         index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
@@ -119,7 +122,7 @@ def video_batches(
         yield noisy, target, timesteps, ids, mask
 
 
-def train_video_dit(dit, text_encoder, batches, steps: int) -> None:
+def train_video_dit(dit, text_encoder, batches, steps: int, resumable: Resumable | None = None) -> None:
     """Latte as its pipeline calls it: the prompt's tokens up to the longest in the batch, no attention mask."""
 
     def loss_at(step: int) -> torch.Tensor:
@@ -130,7 +133,7 @@ def train_video_dit(dit, text_encoder, batches, steps: int) -> None:
         prediction = dit(noisy, timestep=timesteps, encoder_hidden_states=text).sample
         return F.mse_loss(prediction.chunk(2, dim=1)[0], target)
 
-    optimise(dit.parameters(), steps, VIDEO_LR, loss_at, "video dit")
+    optimise(dit.parameters(), steps, VIDEO_LR, loss_at, "video dit", resumable)
 
 
 def video_dit_from(dit: PixArtTransformer2DModel):
@@ -170,30 +173,53 @@ def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit) -> 
     (folder / "vae").symlink_to(target, target_is_directory=True)
 
 
-def train(out: Path, scale: float, seed: int, pictures: Path, resume: Path | None = None) -> None:
-    """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder); with ``resume`` (a
-    video pipeline folder that stage 3 wrote) stage 4 alone, on the same clips."""
+def train(
+    out: Path,
+    scale: float,
+    seed: int,
+    pictures: Path,
+    resume: Path | None = None,
+    size: int = CLIP_SIZE,
+    video_steps: int | None = None,
+    high_noise_steps: int | None = None,
+    checkpoints: Path | None = None,
+) -> None:
+    """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
+    px; with ``resume`` (a video pipeline folder that stage 3 wrote) stage 4 alone, on the same clips.
+
+    ``video_steps`` and ``high_noise_steps`` (default: the scaled :data:`VIDEO_STEPS` and :data:`HIGH_NOISE_STEPS`)
+    are stages 3 and 4's steps; with ``checkpoints`` each saves its state there every
+    :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run goes on from it (stages 1 and 2 run
+    again: they take minutes and are seeded)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
+
+    def resumable(name: str, dit, generator: torch.Generator) -> Resumable | None:
+        return Resumable(checkpoints / f"{name}.pt", {"video_dit": dit}, generator) if checkpoints else None
 
     vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     if resume is None:
         tokenizer, text_encoder, dit = _stages_1_and_2(clips, scale, seed, pictures)
-        latents = encode_clips(vae, clips)
+        latents = encode_clips(vae, clips, size)
         torch.manual_seed(seed + 2)
         video_dit = video_dit_from(dit)
-        batches = video_batches(latents, clips, tokenizer, seed + 3)
-        train_video_dit(video_dit, text_encoder, batches, scaled(VIDEO_STEPS))
+        generator = torch.Generator().manual_seed(seed + 3)
+        batches = video_batches(latents, clips, tokenizer, generator)
+        steps = scaled(VIDEO_STEPS) if video_steps is None else video_steps
+        train_video_dit(video_dit, text_encoder, batches, steps, resumable("video-dit", video_dit, generator))
         round_to_float16(video_dit)  # as stage 3's weights ship: a resumed stage 4 starts from the same ones
     else:
         stage_3 = LattePipeline.from_pretrained(resume, torch_dtype=torch.float32)
         tokenizer, text_encoder, video_dit = stage_3.tokenizer, stage_3.text_encoder.eval(), stage_3.transformer
-        latents = encode_clips(vae, clips)
+        latents = encode_clips(vae, clips, size)
     torch.manual_seed(seed + 4)
-    batches = video_batches(latents, clips, tokenizer, seed + 5, high_noise=True)
-    train_video_dit(video_dit.train(), text_encoder, batches, scaled(HIGH_NOISE_STEPS))
+    generator = torch.Generator().manual_seed(seed + 5)
+    batches = video_batches(latents, clips, tokenizer, generator, high_noise=True)
+    steps = scaled(HIGH_NOISE_STEPS) if high_noise_steps is None else high_noise_steps
+    high_noise = resumable("video-dit-high-noise", video_dit, generator)
+    train_video_dit(video_dit.train(), text_encoder, batches, steps, high_noise)
     save_video(out, pictures, tokenizer, text_encoder, vae, video_dit.eval())
 
 
@@ -220,10 +246,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--resume", type=Path, help="a video pipeline folder written after stage 3: run stage 4 alone")
+    parser.add_argument("--size", type=int, default=CLIP_SIZE, help="the clips' side in pixels")
+    parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
+    parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
+    parser.add_argument("--checkpoints", type=Path, help="save stages 3 and 4's states here and go on from them")
     args = parser.parse_args(argv)
+    if args.size % 16:
+        parser.error(f"--size {args.size} is not a multiple of 16 (the VAE's 8 x the DiT's 2x2 patches); use 256")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    train(args.out, args.scale, args.seed, args.pictures, args.resume)
+    steps = {"video_steps": args.video_steps, "high_noise_steps": args.high_noise_steps}
+    train(args.out, args.scale, args.seed, args.pictures, args.resume, args.size, **steps, checkpoints=args.checkpoints)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
