@@ -276,8 +276,8 @@ def test_every_report_says_which_metrics_ran(tmp_path, monkeypatch):
 
 
 def test_the_layout_a_run_took_is_in_its_row(tmp_path):
-    """``asyncdiff``'s cut, measured in the run (``comm_stats``' ``layout``), is in its row of results.json, so the
-    run can be repeated on it; a run without one has null."""
+    """``asyncdiff``'s cut, measured in the run (``comm_stats``' ``layout``), is in its row of results.json and
+    beside its label in the tables, so the run can be repeated on it; a run without one has null."""
     job, results = made_up_image_job(tmp_path)
     asyncdiff = RunResult(RunSpec("asyncdiff", 1))
     for output in results.runs[1].outputs:
@@ -286,6 +286,9 @@ def test_the_layout_a_run_took_is_in_its_row(tmp_path):
     write_report_files(job, results)
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [row["layout"] for row in rows] == [None, None, {"asyncdiff_cut": [3, 3]}]
+    for table in ("report.md", "report.html"):
+        text = (tmp_path / table).read_text()
+        assert text.count("(asyncdiff_cut=(3, 3))") == 1 and "patch warmup=1 (" not in text, table
 
 
 def test_lpips_names_a_torchvision_that_does_not_import(monkeypatch):

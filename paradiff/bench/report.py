@@ -317,10 +317,22 @@ def _decibels(value: float) -> str:
     return f"{value:.1f}" if math.isfinite(value) else "∞"
 
 
+def _run_cell(row: dict) -> str:
+    """The run's label, and the layout it chose at run time as the keyword that repeats it:
+    ``asyncdiff warmup=1 (asyncdiff_cut=(3, 3))``."""
+    if not row["layout"]:
+        return row["run"]
+    spelled = (
+        f"{name}=({', '.join(map(str, value))})" if isinstance(value, list | tuple) else f"{name}={value}"
+        for name, value in row["layout"].items()
+    )
+    return f"{row['run']} ({', '.join(spelled)})"
+
+
 def _cells(row: dict, video: bool) -> list[str]:
     lpips = "—" if row["lpips"] is None else f"{row['lpips']:.4f}"
     cells = [
-        row["run"],
+        _run_cell(row),
         f"{row['latency_s']:.2f}",
         f"{row['speedup']:.2f}×",
         f"{row['bytes_per_step'] / 1e6:.2f}",
