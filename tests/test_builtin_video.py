@@ -14,15 +14,18 @@ from safetensors.torch import load_file
 from scene_analysis import motion_misses
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
-from paradiff.builtin.clips import DIRECTIONS, TEST_MOTIONS, TEST_PROMPTS, make_clips
+from paradiff.builtin.clips import DIRECTION_TOKENS, DIRECTIONS, MOTION_WORDS, TEST_MOTIONS, TEST_PROMPTS, make_clips
+from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.follow import judge_clip, rates
-from paradiff.builtin.scenes import COLOURS
+from paradiff.builtin.scenes import COLOURS, SIZES
+from paradiff.builtin.train import KIND_WEIGHT, token_ids
 from paradiff.builtin.video_train import (
     DATASET_CLIPS,
     HIGH_NOISE_FROM,
     HIGH_NOISE_SHARE,
     VIDEO_BATCH,
     direction_classes,
+    kind_maps,
     main,
     train,
     video_batches,
@@ -148,6 +151,57 @@ def test_the_training_script_refuses_a_size_the_patches_do_not_divide(capsys):
     with pytest.raises(SystemExit):
         main(["--size", "200"])
     assert "--size 200 is not a multiple of 16" in capsys.readouterr().err
+
+
+def test_a_clips_kind_regions_follow_its_shape_frame_by_frame():
+    """Each frame's kind region lies around the shape where that frame draws it, and is where the kinds differ:
+    none of it inside the shape's inner disc (every kind covers it) or far from the shape (none does)."""
+    for clip in make_clips(6, seed=2):
+        regions = clip.kind_regions(128)
+        assert regions.shape == (FRAMES, 128, 128)
+        radius = SIZES[clip.motion.size] * 128 / 2
+        ys, xs = np.mgrid[:128, :128]
+        for index, region in enumerate(regions):
+            x, y = (128 * f for f in clip.centre(index))
+            distance = np.hypot(xs - x, ys - y)
+            assert region.any() and not region[distance < 0.35 * radius].any(), clip.caption
+            assert not region[distance > 1.5 * radius].any(), clip.caption
+
+
+def test_stage_5_weighs_the_loss_up_on_the_kind_regions_reversed_with_the_clip():
+    clips = make_clips(2, seed=0)
+    latents = torch.zeros(len(clips), 4, FRAMES, 16, 16)
+    maps = kind_maps(clips, 128, 16)
+    assert maps.shape == (2, 1, FRAMES, 16, 16) and 0 < maps.mean() < 0.2
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
+    batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(0), True, maps)
+    expected = {}
+    for clip, kind_map in zip(clips, maps, strict=True):
+        for caption, frames in ((clip.caption, kind_map), (clip.reversed().caption, kind_map.flip(1))):
+            expected[tuple(token_ids(tokenizer, [caption])[0][0].tolist())] = 1 + KIND_WEIGHT * frames
+    seen = 0
+    for _ in range(8):
+        _, _, _, ids, _, weights = next(batches)
+        for row, weight in zip(ids.tolist(), weights, strict=True):
+            if tuple(row) in expected:  # else its caption was dropped
+                assert torch.equal(weight, expected[tuple(row)])
+                seen += 1
+    assert seen >= 16
+    assert next(video_batches(latents, clips, tokenizer, torch.Generator()))[-1] is None, "an even loss"
+
+
+@pytest.mark.timeout(300)
+def test_stage_5_tunes_the_video_dit_and_writes_its_moving_average(short_video_run, tmp_path):
+    """``--kind-tune 2``: two more steps on the kind-weighted loss; the DiT written is their moving average."""
+    state = tmp_path / "state"
+    train(tmp_path / "out", scale=0.001, seed=0, pictures=WEIGHTS, checkpoints=state, kind_tune_steps=2)
+    tuned = torch.load(state / "video-dit-kind-tune.pt", weights_only=False)
+    assert tuned["step"] == 2
+    folder = "video/transformer/diffusion_pytorch_model.safetensors"
+    written, before = (load_file(run / folder) for run in (tmp_path / "out", short_video_run))
+    assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
+    assert not all(torch.equal(written[name], tuned["video_dit"][name].half()) for name in written), "the average"
+    assert not all(torch.equal(written[name], before[name]) for name in written), "stage 5 trained nothing"
 
 
 def test_stage_4_draws_half_of_each_batch_at_high_noise():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, draw_shape
+from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, draw_shape, kinds_covering, kinds_differ
 
 #: Frames per clip: the video model's length.
 FRAMES = 16
@@ -82,14 +82,27 @@ class Clip:
         big, motion = 2 * size, self.motion
         frames = []
         for index in range(FRAMES):
-            share = index / (FRAMES - 1)
-            x, y = (a + share * (b - a) for a, b in zip(self.start, self.end, strict=True))
+            x, y = self.centre(index)
             image = Image.new("RGB", (big, big), BACKGROUNDS[motion.background])
             draw_shape(
                 ImageDraw.Draw(image), motion.kind, COLOURS[motion.colour], (x * big, y * big), SIZES[motion.size] * big
             )
             frames.append(np.asarray(image.resize((size, size), Image.Resampling.LANCZOS)))
         return np.stack(frames)
+
+    def centre(self, index: int) -> tuple[float, float]:
+        """Where the shape's centre is in frame ``index``, as fractions of the side."""
+        share = index / (FRAMES - 1)
+        x, y = (a + share * (b - a) for a, b in zip(self.start, self.end, strict=True))
+        return x, y
+
+    def kind_regions(self, size: int = CLIP_SIZE) -> np.ndarray:
+        """Each frame's kind region, ``(FRAMES, size, size)`` bool: the pixels that a circle, a square and a
+        triangle of the shape's size, where it is in that frame, do not all cover or all leave bare (as a
+        picture's, :meth:`~paradiff.builtin.scenes.Scene.kind_region`)."""
+        diameter = SIZES[self.motion.size] * size
+        centres = (self.centre(index) for index in range(FRAMES))
+        return np.stack([kinds_differ(kinds_covering((x * size, y * size), diameter, size)) for x, y in centres])
 
     def reversed(self) -> Clip:
         """The clip played backwards: the same frames in reverse order, captioned with the opposite direction."""

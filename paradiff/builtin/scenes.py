@@ -87,7 +87,7 @@ class Scene:
         square and a triangle of the shape's size, drawn where it is, do not all cover or all leave bare."""
         region = np.zeros((size, size), bool)
         for covered in self._kinds_covering(size):
-            region |= np.logical_or.reduce(covered) & ~np.logical_and.reduce(covered)
+            region |= kinds_differ(covered)
         return region
 
     def shape_region(self, size: int = IMAGE_SIZE) -> np.ndarray:
@@ -102,13 +102,22 @@ class Scene:
         """For each shape, the ``(size, size)`` pixels a circle, a square and a triangle in its place would cover."""
         for shape, (dx, dy) in zip(self.shapes, self.jitter, strict=True):
             cx, cy = PLACES[shape.place]
-            centre, diameter = ((cx + dx) * size, (cy + dy) * size), SIZES[shape.size] * size
-            covered = []
-            for kind in SHAPES:
-                mask = Image.new("1", (size, size), 0)
-                draw_shape(ImageDraw.Draw(mask), kind, 1, centre, diameter)
-                covered.append(np.asarray(mask, bool))
-            yield covered
+            yield kinds_covering(((cx + dx) * size, (cy + dy) * size), SIZES[shape.size] * size, size)
+
+
+def kinds_covering(centre: tuple[float, float], diameter: float, size: int) -> list[np.ndarray]:
+    """The ``(size, size)`` pixels a circle, a square and a triangle of ``diameter`` px at ``centre`` would cover."""
+    covered = []
+    for kind in SHAPES:
+        mask = Image.new("1", (size, size), 0)
+        draw_shape(ImageDraw.Draw(mask), kind, 1, centre, diameter)
+        covered.append(np.asarray(mask, bool))
+    return covered
+
+
+def kinds_differ(covered: list[np.ndarray]) -> np.ndarray:
+    """Of :func:`kinds_covering`'s masks, the pixels that some kinds cover and others leave bare."""
+    return np.logical_or.reduce(covered) & ~np.logical_and.reduce(covered)
 
 
 def draw_shape(pen: ImageDraw.ImageDraw, kind: str, colour, centre: tuple[float, float], diameter: float) -> None:

@@ -25,7 +25,12 @@ tokens each, as many as a 4x4-patch DiT at 256 px. Stages, each seeded:
 4. it is trained further with half of each batch at high noise levels (t >= :data:`HIGH_NOISE_FROM`), where
    the whole clip's layout, and so the way the shape moves, is decided. After stage 3 alone the mean
    prediction at t = 999 put the shape in the same place in every frame, and 6 of the 24 held-out prompts
-   moved the asked way; this stage is what makes the prompt's direction count.
+   moved the asked way; this stage is what makes the prompt's direction count;
+5. with ``--kind-tune N``, N steps more as the pictures' DiT was tuned (``train.tune``): half of each batch at
+   high noise, the loss counted :data:`~paradiff.builtin.train.KIND_WEIGHT` times more on each frame's kind
+   region (where a circle, a square and a triangle would differ), at :data:`KIND_TUNE_LR`, writing the moving
+   average of the weights. An even loss let the kinds drift: a run on 256 px clips drew the asked colour moving
+   the asked way, but squares read as circles in half their frames.
 
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
@@ -34,6 +39,7 @@ Bit-identical weights need the same torch version and thread count (``--threads`
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import time
 from collections.abc import Iterator
@@ -51,6 +57,7 @@ from .scenes import make_scenes
 from .train import (
     CAPTION_DROPOUT,
     DATASET_SCENES,
+    KIND_WEIGHT,
     Resumable,
     _save_in_float16,
     log,
@@ -59,6 +66,7 @@ from .train import (
     to_pixels,
     token_ids,
     train_text_encoder,
+    weighted_mse,
 )
 
 #: Clips drawn and encoded at ``--scale 1`` (twice as many are trained on, with their reversals).
@@ -66,6 +74,8 @@ DATASET_CLIPS = 500
 TEXT_STEPS, VIDEO_STEPS, VIDEO_BATCH, VIDEO_LR = 300, 2200, 4, 5e-4
 #: Stage 4: steps, the share of each batch drawn at high noise, and where high noise starts.
 HIGH_NOISE_STEPS, HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 1200, 0.5, 700
+#: Stage 5's peak learning rate: it goes on from a trained model, as the pictures' ``--tune-from`` does.
+KIND_TUNE_LR = 0.3 * VIDEO_LR
 
 
 def extend_text_encoder(text_encoder: CLIPTextModel, tokenizer) -> CLIPTextModel:
@@ -97,11 +107,25 @@ def encode_clips(vae: AutoencoderKL, clips: list[Clip], size: int = CLIP_SIZE) -
     return torch.stack(latents)
 
 
+def kind_maps(clips: list[Clip], size: int, latent_side: int) -> torch.Tensor:
+    """Per clip and frame, the share of each latent's pixels in the frame's kind region
+    (:meth:`~paradiff.builtin.clips.Clip.kind_regions`), ``(N, 1, FRAMES, h, w)`` as the latents."""
+    pooled = [F.adaptive_avg_pool2d(torch.from_numpy(clip.kind_regions(size)).float(), latent_side) for clip in clips]
+    return torch.stack(pooled)[:, None]
+
+
 def video_batches(
-    latents: torch.Tensor, clips: list[Clip], tokenizer, generator: torch.Generator, high_noise: bool = False
+    latents: torch.Tensor,
+    clips: list[Clip],
+    tokenizer,
+    generator: torch.Generator,
+    high_noise: bool = False,
+    kind_maps: torch.Tensor | None = None,
 ) -> Iterator[tuple]:
-    """Endless batches of (noisy latents, v targets, timesteps, token ids, masks); an odd index is a clip reversed.
-    With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from ``HIGH_NOISE_FROM`` up.
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, masks, loss weights); an odd index is a
+    clip reversed. With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
+    ``HIGH_NOISE_FROM`` up. The loss weights are None (an even loss), or with ``kind_maps`` (:func:`kind_maps`) 1
+    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map.
     Every draw comes from ``generator``, read only as batches are taken, so a resumed stage restores it first."""
     captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
@@ -109,6 +133,7 @@ def video_batches(
         index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
         drop = torch.rand(VIDEO_BATCH, generator=generator) < CAPTION_DROPOUT
         clean = torch.stack([latents[i // 2].flip(1) if i % 2 else latents[i // 2] for i in index.tolist()])
+        maps = None if kind_maps is None else [kind_maps[i // 2].flip(1) if i % 2 else kind_maps[i // 2] for i in index]
         noise = torch.randn(clean.shape, generator=generator)
         levels = NOISE_SCHEDULE["num_train_timesteps"]
         timesteps = torch.randint(levels, (VIDEO_BATCH,), generator=generator)
@@ -119,21 +144,29 @@ def video_batches(
         target = noise_schedule.get_velocity(clean, noise, timesteps)
         kept = zip(index.tolist(), drop.tolist(), strict=True)
         ids, mask = token_ids(tokenizer, ["" if dropped else captions[i] for i, dropped in kept])
-        yield noisy, target, timesteps, ids, mask
+        yield noisy, target, timesteps, ids, mask, None if maps is None else 1 + KIND_WEIGHT * torch.stack(maps)
 
 
-def train_video_dit(dit, text_encoder, batches, steps: int, resumable: Resumable | None = None) -> None:
+def train_video_dit(
+    dit,
+    text_encoder,
+    batches,
+    steps: int,
+    resumable: Resumable | None = None,
+    peak_lr: float = VIDEO_LR,
+    average: torch.nn.Module | None = None,
+) -> None:
     """Latte as its pipeline calls it: the prompt's tokens up to the longest in the batch, no attention mask."""
 
     def loss_at(step: int) -> torch.Tensor:
-        noisy, target, timesteps, ids, mask = next(batches)
+        noisy, target, timesteps, ids, mask, weights = next(batches)
         length = int(mask.sum(1).max())
         with torch.no_grad():
             text = text_encoder(ids[:, :length], attention_mask=mask[:, :length])[0]
         prediction = dit(noisy, timestep=timesteps, encoder_hidden_states=text).sample
-        return F.mse_loss(prediction.chunk(2, dim=1)[0], target)
+        return weighted_mse(prediction.chunk(2, dim=1)[0], target, weights)
 
-    optimise(dit.parameters(), steps, VIDEO_LR, loss_at, "video dit", resumable)
+    optimise(dit.parameters(), steps, peak_lr, loss_at, "video dit", resumable, average)
 
 
 def video_dit_from(dit: PixArtTransformer2DModel):
@@ -183,20 +216,21 @@ def train(
     video_steps: int | None = None,
     high_noise_steps: int | None = None,
     checkpoints: Path | None = None,
+    kind_tune_steps: int = 0,
 ) -> None:
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
     px; with ``resume`` (a video pipeline folder that stage 3 wrote) stage 4 alone, on the same clips.
 
     ``video_steps`` and ``high_noise_steps`` (default: the scaled :data:`VIDEO_STEPS` and :data:`HIGH_NOISE_STEPS`)
-    are stages 3 and 4's steps; with ``checkpoints`` each saves its state there every
-    :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run goes on from it (stages 1 and 2 run
-    again: they take minutes and are seeded)."""
+    are stages 3 and 4's steps, ``kind_tune_steps`` stage 5's (none by default); with ``checkpoints`` each saves
+    its state there every :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run goes on from it
+    (stages 1 and 2 run again: they take minutes and are seeded)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
 
-    def resumable(name: str, dit, generator: torch.Generator) -> Resumable | None:
-        return Resumable(checkpoints / f"{name}.pt", {"video_dit": dit}, generator) if checkpoints else None
+    def resumable(name: str, modules: dict, generator: torch.Generator) -> Resumable | None:
+        return Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
 
     vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
@@ -208,18 +242,28 @@ def train(
         generator = torch.Generator().manual_seed(seed + 3)
         batches = video_batches(latents, clips, tokenizer, generator)
         steps = scaled(VIDEO_STEPS) if video_steps is None else video_steps
-        train_video_dit(video_dit, text_encoder, batches, steps, resumable("video-dit", video_dit, generator))
+        stage_3 = resumable("video-dit", {"video_dit": video_dit}, generator)
+        train_video_dit(video_dit, text_encoder, batches, steps, stage_3)
         round_to_float16(video_dit)  # as stage 3's weights ship: a resumed stage 4 starts from the same ones
     else:
-        stage_3 = LattePipeline.from_pretrained(resume, torch_dtype=torch.float32)
-        tokenizer, text_encoder, video_dit = stage_3.tokenizer, stage_3.text_encoder.eval(), stage_3.transformer
+        written = LattePipeline.from_pretrained(resume, torch_dtype=torch.float32)
+        tokenizer, text_encoder, video_dit = written.tokenizer, written.text_encoder.eval(), written.transformer
         latents = encode_clips(vae, clips, size)
     torch.manual_seed(seed + 4)
     generator = torch.Generator().manual_seed(seed + 5)
     batches = video_batches(latents, clips, tokenizer, generator, high_noise=True)
     steps = scaled(HIGH_NOISE_STEPS) if high_noise_steps is None else high_noise_steps
-    high_noise = resumable("video-dit-high-noise", video_dit, generator)
+    high_noise = resumable("video-dit-high-noise", {"video_dit": video_dit}, generator)
     train_video_dit(video_dit.train(), text_encoder, batches, steps, high_noise)
+    if kind_tune_steps:
+        torch.manual_seed(seed + 6)
+        generator = torch.Generator().manual_seed(seed + 7)
+        maps = kind_maps(clips, size, latents.shape[-1])
+        batches = video_batches(latents, clips, tokenizer, generator, high_noise=True, kind_maps=maps)
+        average = copy.deepcopy(video_dit).requires_grad_(False)
+        tuning = resumable("video-dit-kind-tune", {"video_dit": video_dit, "average": average}, generator)
+        train_video_dit(video_dit, text_encoder, batches, kind_tune_steps, tuning, KIND_TUNE_LR, average)
+        video_dit = average
     save_video(out, pictures, tokenizer, text_encoder, vae, video_dit.eval())
 
 
@@ -249,13 +293,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=CLIP_SIZE, help="the clips' side in pixels")
     parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
-    parser.add_argument("--checkpoints", type=Path, help="save stages 3 and 4's states here and go on from them")
+    parser.add_argument("--kind-tune", type=int, default=0, help="stage 5's steps (default: no stage 5)")
+    parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
     args = parser.parse_args(argv)
     if args.size % 16:
         parser.error(f"--size {args.size} is not a multiple of 16 (the VAE's 8 x the DiT's 2x2 patches); use 256")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     steps = {"video_steps": args.video_steps, "high_noise_steps": args.high_noise_steps}
+    steps |= {"kind_tune_steps": args.kind_tune}
     train(args.out, args.scale, args.seed, args.pictures, args.resume, args.size, **steps, checkpoints=args.checkpoints)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
