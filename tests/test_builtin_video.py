@@ -93,9 +93,10 @@ def test_unknown_words_for_the_video_model_include_no_motion_word():
 
 @pytest.fixture(scope="module")
 def short_video_run(tmp_path_factory) -> Path:
-    """The training script's output folder after every stage ran 2 steps on 4 clips (``--scale 0.001``)."""
+    """The training script's output folder after every stage ran 2 steps on 4 clips (``--scale 0.001``), its
+    stages' saved states in ``state/``."""
     out = tmp_path_factory.mktemp("short-video-run")
-    train(out, scale=0.001, seed=0, pictures=WEIGHTS)
+    train(out, scale=0.001, seed=0, pictures=WEIGHTS, checkpoints=out / "state")
     return out
 
 
@@ -190,18 +191,16 @@ def test_stage_5_weighs_the_loss_up_on_the_kind_regions_reversed_with_the_clip()
     assert next(video_batches(latents, clips, tokenizer, torch.Generator()))[-1] is None, "an even loss"
 
 
-@pytest.mark.timeout(300)
-def test_stage_5_tunes_the_video_dit_and_writes_its_moving_average(short_video_run, tmp_path):
-    """``--kind-tune 2``: two more steps on the kind-weighted loss; the DiT written is their moving average."""
-    state = tmp_path / "state"
-    train(tmp_path / "out", scale=0.001, seed=0, pictures=WEIGHTS, checkpoints=state, kind_tune_steps=2)
-    tuned = torch.load(state / "video-dit-kind-tune.pt", weights_only=False)
-    assert tuned["step"] == 2
-    folder = "video/transformer/diffusion_pytorch_model.safetensors"
-    written, before = (load_file(run / folder) for run in (tmp_path / "out", short_video_run))
+def test_stage_5_tunes_the_video_dit_and_writes_its_moving_average(short_video_run):
+    """Stage 5 goes on from stage 4's DiT (on the kind-weighted loss); the DiT written is its moving average."""
+    state = short_video_run / "state"
+    stages = ("video-dit-high-noise", "video-dit-kind-tune")
+    stage_4, tuned = (torch.load(state / f"{name}.pt", weights_only=False) for name in stages)
+    assert stage_4["step"] == tuned["step"] == 2
+    written = load_file(short_video_run / "video/transformer/diffusion_pytorch_model.safetensors")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     assert not all(torch.equal(written[name], tuned["video_dit"][name].half()) for name in written), "the average"
-    assert not all(torch.equal(written[name], before[name]) for name in written), "stage 5 trained nothing"
+    assert not all(torch.equal(written[name], stage_4["video_dit"][name].half()) for name in written), "stage 5 ran"
 
 
 def test_stage_4_draws_half_of_each_batch_at_high_noise():
@@ -248,7 +247,7 @@ def test_the_checked_prompts_are_half_and_cover_every_colour_and_direction():
 def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe, capsys):
     """Each checked held-out prompt at the default size, 20 steps, seed 0: the asked colour is found and its
     centroid moves the asked way by at least 15% of the frame between the first and last quarter of the frames,
-    in at least 80% of them. The follow measure's rates on the same clips are printed and held a little under the
+    in at least 75% of them. The follow measure's rates on the same clips are printed and held a little under the
     shipped model's (docs/builtin-models.md gives them)."""
     clips = {prompt: draw(video_pipe, prompt, seed=0) for prompt in CHECKED_PROMPTS}
     misses = {prompt: motion_misses(frames, prompt) for prompt, frames in clips.items()}
@@ -259,8 +258,8 @@ def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe
             f"\nparadiff-tiny-video, {len(clips)} held-out clips: colour moves the asked way {len(followed)}; follow "
             "measure: " + ", ".join(f"{check} {100 * share:.0f}%" for check, share in measured.items())
         )
-    assert len(followed) >= 0.8 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
-    floors = {"shape": 0.05, "colour": 0.55, "direction": 0.75, "background": 0.9}
+    assert len(followed) >= 0.75 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
+    floors = {"shape": 0.15, "colour": 0.55, "direction": 0.75, "background": 0.9}
     assert all(measured[check] >= floor for check, floor in floors.items()), measured
 
 

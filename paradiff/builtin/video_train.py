@@ -1,16 +1,15 @@
 """Train ``paradiff-tiny-video`` on generated clips, on the CPU, starting from ``paradiff-tiny``'s trained parts.
 
-    python -m paradiff.builtin.video_train  # ~48 min on 2 cores; from the shipped pictures, writes paradiff-tiny/video
+    python -m paradiff.builtin.video_train  # ~1.7 h on 2 cores; from the shipped pictures, writes paradiff-tiny/video
     python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
-    python -m paradiff.builtin.video_train --resume paradiff/builtin/paradiff-tiny/video  # stage 4 only
+    python -m paradiff.builtin.video_train --resume DIR/video  # stages 4 and 5 only, from a stage 3 output
     python -m paradiff.builtin.video_train --out DIR --checkpoints STATE  # stopped, the same command goes on
 
 The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
 temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
 VAE. It starts from a ``paradiff-tiny`` folder's DiT, VAE and text encoder, so it draws shapes and colours from
-the first step and only has to learn how they move: the shipped model from a DiT of 2x2 patches (the one
-shipped before the pictures' DiT took its last tuning steps: docs/builtin-models.md), drawing 128 px frames: 8x8
-tokens each, as many as a 4x4-patch DiT at 256 px. Stages, each seeded:
+the first step and only has to learn how they move: the shipped model from the shipped DiT of 2x2 patches,
+drawing 256 px frames, its training size: 16x16 tokens each. Stages, each seeded:
 
 1. the tokenizer gains the clips' motion words after the pictures' words ("moving", and one token for each
    direction phrase, :data:`~paradiff.builtin.clips.DIRECTION_TOKENS`), and the text encoder one embedding
@@ -23,14 +22,13 @@ tokens each, as many as a 4x4-patch DiT at 256 px. Stages, each seeded:
    the identity (their output projections zero) and it is trained predicting v, with the pictures'
    noise schedule and 10% of captions dropped, as the DiT was;
 4. it is trained further with half of each batch at high noise levels (t >= :data:`HIGH_NOISE_FROM`), where
-   the whole clip's layout, and so the way the shape moves, is decided. After stage 3 alone the mean
-   prediction at t = 999 put the shape in the same place in every frame, and 6 of the 24 held-out prompts
-   moved the asked way; this stage is what makes the prompt's direction count;
-5. with ``--kind-tune N``, N steps more as the pictures' DiT was tuned (``train.tune``): half of each batch at
-   high noise, the loss counted :data:`~paradiff.builtin.train.KIND_WEIGHT` times more on each frame's kind
-   region (where a circle, a square and a triangle would differ), at :data:`KIND_TUNE_LR`, writing the moving
-   average of the weights. An even loss let the kinds drift: a run on 256 px clips drew the asked colour moving
-   the asked way, but squares read as circles in half their frames.
+   the whole clip's layout, and so the way the shape moves, is decided. In the model shipped before 2026-12-05
+   (8x8 tokens a frame), after stage 3 alone the mean prediction at t = 999 put the shape in the same place in
+   every frame, and 6 of the 24 held-out prompts moved the asked way; this stage made the direction count;
+5. it is tuned as the pictures' DiT was (``train.tune``): half of each batch at high noise, the loss counted
+   :data:`~paradiff.builtin.train.KIND_WEIGHT` times more on each frame's kind region (where a circle, a square
+   and a triangle would differ), at :data:`KIND_TUNE_LR`, writing the moving average of the weights. After
+   stage 3 on an even loss, the asked colour moved the asked way but squares read as circles in half their frames.
 
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
@@ -71,11 +69,11 @@ from .train import (
 
 #: Clips drawn and encoded at ``--scale 1`` (twice as many are trained on, with their reversals).
 DATASET_CLIPS = 500
-TEXT_STEPS, VIDEO_STEPS, VIDEO_BATCH, VIDEO_LR = 300, 2200, 4, 5e-4
+TEXT_STEPS, VIDEO_STEPS, VIDEO_BATCH, VIDEO_LR = 300, 1400, 4, 5e-4
 #: Stage 4: steps, the share of each batch drawn at high noise, and where high noise starts.
-HIGH_NOISE_STEPS, HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 1200, 0.5, 700
-#: Stage 5's peak learning rate: it goes on from a trained model, as the pictures' ``--tune-from`` does.
-KIND_TUNE_LR = 0.3 * VIDEO_LR
+HIGH_NOISE_STEPS, HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 1000, 0.5, 700
+#: Stage 5's steps, and its peak learning rate: it goes on from a trained model, as the pictures' ``--tune-from``.
+KIND_TUNE_STEPS, KIND_TUNE_LR = 600, 0.3 * VIDEO_LR
 
 
 def extend_text_encoder(text_encoder: CLIPTextModel, tokenizer) -> CLIPTextModel:
@@ -216,15 +214,15 @@ def train(
     video_steps: int | None = None,
     high_noise_steps: int | None = None,
     checkpoints: Path | None = None,
-    kind_tune_steps: int = 0,
+    kind_tune_steps: int | None = None,
 ) -> None:
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
-    px; with ``resume`` (a video pipeline folder that stage 3 wrote) stage 4 alone, on the same clips.
+    px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips.
 
-    ``video_steps`` and ``high_noise_steps`` (default: the scaled :data:`VIDEO_STEPS` and :data:`HIGH_NOISE_STEPS`)
-    are stages 3 and 4's steps, ``kind_tune_steps`` stage 5's (none by default); with ``checkpoints`` each saves
-    its state there every :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run goes on from it
-    (stages 1 and 2 run again: they take minutes and are seeded)."""
+    ``video_steps``, ``high_noise_steps`` and ``kind_tune_steps`` (default: the scaled :data:`VIDEO_STEPS`,
+    :data:`HIGH_NOISE_STEPS` and :data:`KIND_TUNE_STEPS`) are stages 3, 4 and 5's steps; with ``checkpoints``
+    each saves its state there every :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run
+    goes on from it (stages 1 and 2 run again: they take minutes and are seeded)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -255,6 +253,7 @@ def train(
     steps = scaled(HIGH_NOISE_STEPS) if high_noise_steps is None else high_noise_steps
     high_noise = resumable("video-dit-high-noise", {"video_dit": video_dit}, generator)
     train_video_dit(video_dit.train(), text_encoder, batches, steps, high_noise)
+    kind_tune_steps = scaled(KIND_TUNE_STEPS) if kind_tune_steps is None else kind_tune_steps
     if kind_tune_steps:
         torch.manual_seed(seed + 6)
         generator = torch.Generator().manual_seed(seed + 7)
@@ -293,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=CLIP_SIZE, help="the clips' side in pixels")
     parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
-    parser.add_argument("--kind-tune", type=int, default=0, help="stage 5's steps (default: no stage 5)")
+    parser.add_argument("--kind-tune", type=int, help=f"stage 5's (default: the scaled {KIND_TUNE_STEPS}; 0: none)")
     parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
     args = parser.parse_args(argv)
     if args.size % 16:
