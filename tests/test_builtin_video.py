@@ -23,6 +23,7 @@ from paradiff.builtin.video_train import (
     DATASET_CLIPS,
     HIGH_NOISE_FROM,
     HIGH_NOISE_SHARE,
+    KIND_TUNE_STEPS,
     VIDEO_BATCH,
     direction_classes,
     kind_maps,
@@ -199,7 +200,7 @@ def test_stage_5_tunes_the_video_dit_and_writes_its_moving_average(short_video_r
     state = short_video_run / "state"
     stages = ("video-dit-high-noise", "video-dit-kind-tune")
     stage_4, tuned = (torch.load(state / f"{name}.pt", weights_only=False) for name in stages)
-    assert stage_4["step"] == tuned["step"] == 2
+    assert stage_4["step"] == 2 and tuned["step"] == max(2, round(KIND_TUNE_STEPS * SHORT_RUN["scale"]))
     written = load_file(short_video_run / "video/transformer/diffusion_pytorch_model.safetensors")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     assert not all(torch.equal(written[name], tuned["video_dit"][name].half()) for name in written), "the average"
@@ -262,7 +263,7 @@ def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe
             "measure: " + ", ".join(f"{check} {100 * share:.0f}%" for check, share in measured.items())
         )
     assert len(followed) >= 0.75 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
-    floors = {"shape": 0.15, "colour": 0.55, "direction": 0.75, "background": 0.9}
+    floors = {"shape": 0.25, "colour": 0.55, "direction": 0.75, "background": 0.9}
     assert all(measured[check] >= floor for check, floor in floors.items()), measured
 
 

@@ -1,6 +1,6 @@
 """Train ``paradiff-tiny-video`` on generated clips, on the CPU, starting from ``paradiff-tiny``'s trained parts.
 
-    python -m paradiff.builtin.video_train  # ~1.7 h on 2 cores; from the shipped pictures, writes paradiff-tiny/video
+    python -m paradiff.builtin.video_train  # ~3 h on 2 cores; from the shipped pictures, writes paradiff-tiny/video
     python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
     python -m paradiff.builtin.video_train --resume DIR/video  # stages 4 and 5 only, from a stage 3 output
     python -m paradiff.builtin.video_train --out DIR --checkpoints STATE  # stopped, the same command goes on
@@ -72,8 +72,9 @@ DATASET_CLIPS = 500
 TEXT_STEPS, VIDEO_STEPS, VIDEO_BATCH, VIDEO_LR = 300, 1400, 4, 5e-4
 #: Stage 4: steps, the share of each batch drawn at high noise, and where high noise starts.
 HIGH_NOISE_STEPS, HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 1000, 0.5, 700
-#: Stage 5's steps, and its peak learning rate: it goes on from a trained model, as the pictures' ``--tune-from``.
-KIND_TUNE_STEPS, KIND_TUNE_LR = 600, 0.3 * VIDEO_LR
+#: Stage 5's steps, enough that the moving average it writes has left stage 4's weights behind (0.999^600 still
+#: kept 55% of them), and its peak learning rate: it goes on from a trained model, as the pictures' ``--tune-from``.
+KIND_TUNE_STEPS, KIND_TUNE_LR = 2700, 0.3 * VIDEO_LR
 
 
 def extend_text_encoder(text_encoder: CLIPTextModel, tokenizer) -> CLIPTextModel:
