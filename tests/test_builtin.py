@@ -14,6 +14,7 @@ import torch
 from diffusers import DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
 from safetensors.torch import load_file
 from scene_analysis import asked_by, misses, where_is
+from training_runs import as_the_script
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
 from paradiff.builtin.configs import build_tokenizer
@@ -93,7 +94,7 @@ def weights_in(folder: Path) -> dict[str, torch.Tensor]:
 def short_run(tmp_path_factory) -> Path:
     """The folder a short run of the training script wrote."""
     folder = tmp_path_factory.mktemp("short-run")
-    train(folder, scale=0.001, seed=0)
+    as_the_script(train, folder, scale=0.001, seed=0)
     return folder
 
 

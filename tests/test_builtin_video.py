@@ -12,6 +12,7 @@ import torch
 from diffusers import LattePipeline
 from safetensors.torch import load_file
 from scene_analysis import motion_misses
+from training_runs import as_the_script
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
 from paradiff.builtin.clips import DIRECTION_TOKENS, DIRECTIONS, MOTION_WORDS, TEST_MOTIONS, TEST_PROMPTS, make_clips
@@ -100,7 +101,7 @@ def short_video_run(tmp_path_factory) -> Path:
     """The training script's output folder after a short run (:data:`SHORT_RUN`), its stages' saved states in
     ``state/``."""
     out = tmp_path_factory.mktemp("short-video-run")
-    train(out, **SHORT_RUN, checkpoints=out / "state")
+    as_the_script(train, out, **SHORT_RUN, checkpoints=out / "state")
     return out
 
 

@@ -98,6 +98,8 @@ KIND_WEIGHT = 10.0
 DECODER_LR, DECODER_SHAPE_WEIGHT, DECODER_LATENT_NOISE = 5e-4, 4.0, 0.4
 #: Steps between the saved states a stopped denoiser stage resumes from (``--checkpoints``); its last step is saved too.
 CHECKPOINT_EVERY = 250
+#: The torch threads a run computes with (``--threads``): bit-identical weights need the same count.
+THREADS = 2
 CAPTION_DROPOUT = 0.1
 SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
 DENOISERS = ("unet", "dit")
@@ -655,7 +657,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=WEIGHTS)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument(
         "--encoders", type=Path, help="an earlier run's sd/ folder: reuse its VAE and text encoder, train the denoisers"
     )

@@ -56,6 +56,7 @@ from .train import (
     CAPTION_DROPOUT,
     DATASET_SCENES,
     KIND_WEIGHT,
+    THREADS,
     Resumable,
     _save_in_float16,
     log,
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pictures", type=Path, default=WEIGHTS, help="the paradiff-tiny folder to start from")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--resume", type=Path, help="a video pipeline folder written after stage 3: run stage 4 alone")
     parser.add_argument("--size", type=int, default=CLIP_SIZE, help="the clips' side in pixels")
     parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
