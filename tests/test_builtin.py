@@ -113,7 +113,7 @@ def test_training_script_writes_pipelines_that_load_and_generate(short_run):
 @pytest.mark.timeout(300)
 def test_reusing_a_runs_encoders_reproduces_its_denoisers(short_run, tmp_path):
     """``--encoders``: denoisers train on the float16-rounded encoders either way, so they come out bit-identical."""
-    train(tmp_path, scale=0.001, seed=0, encoders=short_run / "sd")
+    as_the_script(train, tmp_path, scale=0.001, seed=0, encoders=short_run / "sd")
     for denoiser in ("sd/unet", "pixart/transformer"):
         first, second = (weights_in(folder / denoiser) for folder in (short_run, tmp_path))
         assert first.keys() == second.keys()
@@ -138,10 +138,10 @@ def test_a_stopped_dit_stage_resumes_to_the_weights_of_an_unbroken_run(short_run
     monkeypatch.setattr(training, "denoiser_batches", stopping)
     args = dict(out=tmp_path / "out", scale=0.001, seed=0, encoders=short_run / "sd", denoisers=("dit",))
     with pytest.raises(KeyboardInterrupt):
-        train(**args, checkpoints=tmp_path / "state")
+        as_the_script(train, **args, checkpoints=tmp_path / "state")
     assert torch.load(tmp_path / "state" / "dit.pt", weights_only=False)["step"] == 2
     monkeypatch.setattr(training, "denoiser_batches", unbroken)
-    train(**args, checkpoints=tmp_path / "state")
+    as_the_script(train, **args, checkpoints=tmp_path / "state")
     runs = (short_run, args["out"])
     first, second = (weights_in(run / "pixart/transformer") for run in runs)
     assert all(torch.equal(first[name], second[name]) for name in first), "the resumed DiT differs"

@@ -36,8 +36,8 @@ from paradiff.builtin.vocabulary import unknown_words, warn_unknown_words
 from paradiff.errors import ParadiffWarning
 from paradiff.loading import load_pipeline
 
-#: The training script's short runs: every stage 2 steps on 4 clips, at 128 px (half the shipped size: the script's
-#: logic is the same, and a quarter of the work).
+#: The training script's short runs: each stage its steps x 0.001 (at least 2) on 4 clips, at 128 px (half the
+#: shipped size: the script's logic is the same, and a quarter of the work).
 SHORT_RUN = {"scale": 0.001, "seed": 0, "pictures": WEIGHTS, "size": 128}
 #: Where the video prompts are quoted: the README's video command and the built-in models' page.
 DOCS = [Path(__file__).resolve().parents[1] / name for name in ("README.md", "docs/builtin-models.md")]
@@ -116,7 +116,7 @@ def test_video_training_writes_a_pipeline_that_loads_and_draws(short_video_run, 
     frames = draw(pipe, TEST_PROMPTS[0], seed=0, steps=2, size=64)
     assert frames.shape == (FRAMES, 64, 64, 3) and np.isfinite(frames).all()
     # --resume: stage 4 alone, from a written pipeline; the tokenizer and text encoder are kept as they are
-    train(tmp_path / "again", **SHORT_RUN, resume=short_video_run / "video")
+    as_the_script(train, tmp_path / "again", **SHORT_RUN, resume=short_video_run / "video")
     again = LattePipeline.from_pretrained(tmp_path / "again" / "video")
     kept = zip(again.text_encoder.state_dict().values(), pipe.text_encoder.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in kept)
@@ -143,11 +143,11 @@ def test_a_stopped_video_run_resumes_to_the_weights_of_an_unbroken_run(short_vid
     monkeypatch.setattr(video_training, "video_batches", stopping)
     state = tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "out", **SHORT_RUN, checkpoints=state)
+        as_the_script(train, tmp_path / "out", **SHORT_RUN, checkpoints=state)
     stages = ("video-dit", "video-dit-high-noise")
     assert [torch.load(state / f"{name}.pt", weights_only=False)["step"] for name in stages] == [2, 1]
     monkeypatch.setattr(video_training, "video_batches", unbroken)
-    train(tmp_path / "out", **SHORT_RUN, checkpoints=state)
+    as_the_script(train, tmp_path / "out", **SHORT_RUN, checkpoints=state)
     runs = (short_video_run, tmp_path / "out")
     first, second = (load_file(run / "video/transformer/diffusion_pytorch_model.safetensors") for run in runs)
     assert all(torch.equal(first[name], second[name]) for name in first), "the resumed video DiT differs"

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=THREADS)
-    parser.add_argument("--resume", type=Path, help="a video pipeline folder written after stage 3: run stage 4 alone")
+    parser.add_argument("--resume", type=Path, help="a video folder written after stage 3: run stages 4 and 5")
     parser.add_argument("--size", type=int, default=CLIP_SIZE, help="the clips' side in pixels")
     parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
