@@ -19,11 +19,12 @@ from paradiff.builtin.clips import DIRECTION_TOKENS, DIRECTIONS, MOTION_WORDS, T
 from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.follow import judge_clip, rates
 from paradiff.builtin.scenes import COLOURS, SIZES
-from paradiff.builtin.train import KIND_WEIGHT, token_ids
+from paradiff.builtin.train import KIND_WEIGHT, lr_at, token_ids
 from paradiff.builtin.video_train import (
     DATASET_CLIPS,
     HIGH_NOISE_FROM,
     HIGH_NOISE_SHARE,
+    KIND_TUNE_LR,
     KIND_TUNE_STEPS,
     VIDEO_BATCH,
     direction_classes,
@@ -153,6 +154,50 @@ def test_a_stopped_video_run_resumes_to_the_weights_of_an_unbroken_run(short_vid
     assert all(torch.equal(first[name], second[name]) for name in first), "the resumed video DiT differs"
 
 
+@pytest.mark.timeout(300)
+def test_tuning_a_written_video_model_again_runs_stage_5_alone_from_its_dit(short_video_run, tmp_path):
+    """``--tune-from DIR --kind-tune 2 --shape-weight 5``: only stage 5 runs, from DIR's video DiT (2 steps move
+    it by little, where stage 3's start would differ wholly), at stage 5's peak learning rate; the DiT written is
+    its moving average with DIR's config, beside DIR's tokenizer and text encoder."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    flags = ["--scale", "0.001", "--size", "128", "--kind-tune", "2", "--shape-weight", "5"]
+    main(["--out", str(out), "--tune-from", str(short_video_run), *flags, "--checkpoints", str(state)])
+    assert sorted(path.name for path in state.iterdir()) == ["video-dit-retune.pt"], "only stage 5 ran"
+    tuned = torch.load(state / "video-dit-retune.pt", weights_only=False)
+    assert tuned["step"] == 2 and tuned["optimizer"]["param_groups"][0]["lr"] == lr_at(1, 2, KIND_TUNE_LR)
+    started = load_file(short_video_run / "video/transformer/diffusion_pytorch_model.safetensors")
+    moved = max(float((tuned["video_dit"][name] - started[name].float()).abs().max()) for name in started)
+    assert 0 < moved < 1e-3, moved
+    written = load_file(out / "video/transformer/diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
+    for part in ("transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer.json"):
+        assert (out / "video" / part).read_text() == (short_video_run / "video" / part).read_text(), part
+    kept, encoder = (weights_of(run, "text_encoder") for run in (out, short_video_run))
+    assert all(torch.equal(kept[name], tensor) for name, tensor in encoder.items())
+
+
+def weights_of(run: Path, part: str) -> dict[str, torch.Tensor]:
+    return load_file(next((run / "video" / part).glob("*.safetensors")))
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--kind-tune", "0"], "give it --kind-tune N steps"),
+        (["--high-noise-steps", "3"], "so --high-noise-steps has nothing to do"),
+        (["--resume", "somewhere"], "so --resume has nothing to do"),
+    ],
+)
+def test_tuning_a_video_model_again_refuses_what_it_cannot_run(short_video_run, tmp_path, capsys, flags, refusal):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--tune-from", str(short_video_run), *flags])
+    assert refusal in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--tune-from", str(short_video_run / "video"), "--kind-tune", "2"])
+    assert "holds no video/ pipeline; give a paradiff-tiny folder" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is written"
+
+
 def test_the_training_script_refuses_a_size_the_patches_do_not_divide(capsys):
     with pytest.raises(SystemExit):
         main(["--size", "200"])
@@ -172,6 +217,9 @@ def test_a_clips_kind_regions_follow_its_shape_frame_by_frame():
             distance = np.hypot(xs - x, ys - y)
             assert region.any() and not region[distance < 0.35 * radius].any(), clip.caption
             assert not region[distance > 1.5 * radius].any(), clip.caption
+            shape = clip.shape_regions(128)[index]
+            assert shape[distance < 0.35 * radius].all() and not shape[distance > 1.5 * radius].any(), clip.caption
+            assert shape[region].all(), "the kind region lies in the shape region"
 
 
 def test_stage_5_weighs_the_loss_up_on_the_kind_regions_reversed_with_the_clip():
@@ -179,6 +227,9 @@ def test_stage_5_weighs_the_loss_up_on_the_kind_regions_reversed_with_the_clip()
     latents = torch.zeros(len(clips), 4, FRAMES, 16, 16)
     maps = kind_maps(clips, 128, 16)
     assert maps.shape == (2, 1, FRAMES, 16, 16) and 0 < maps.mean() < 0.2
+    shapes = torch.stack([torch.from_numpy(clip.shape_regions(128)).float() for clip in clips])[:, None]
+    shape_share = (kind_maps(clips, 128, 16, shape_share=0.5) - maps) / 0.5
+    torch.testing.assert_close(shape_share, torch.nn.functional.adaptive_avg_pool3d(shapes, (FRAMES, 16, 16)))
     tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
     batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(0), True, maps)
     expected = {}

@@ -100,9 +100,18 @@ class Clip:
         """Each frame's kind region, ``(FRAMES, size, size)`` bool: the pixels that a circle, a square and a
         triangle of the shape's size, where it is in that frame, do not all cover or all leave bare (as a
         picture's, :meth:`~paradiff.builtin.scenes.Scene.kind_region`)."""
+        return np.stack([kinds_differ(covered) for covered in self._kinds_covering(size)])
+
+    def shape_regions(self, size: int = CLIP_SIZE) -> np.ndarray:
+        """Each frame's shape region, ``(FRAMES, size, size)`` bool: the pixels that a shape of any kind would cover
+        there, where the asked colour shows (as a picture's, :meth:`~paradiff.builtin.scenes.Scene.shape_region`)."""
+        return np.stack([np.logical_or.reduce(covered) for covered in self._kinds_covering(size)])
+
+    def _kinds_covering(self, size: int) -> list[list[np.ndarray]]:
+        """Per frame, the pixels a circle, a square and a triangle of the shape's size where it is would cover."""
         diameter = SIZES[self.motion.size] * size
         centres = (self.centre(index) for index in range(FRAMES))
-        return np.stack([kinds_differ(kinds_covering((x * size, y * size), diameter, size)) for x, y in centres])
+        return [kinds_covering((x * size, y * size), diameter, size) for x, y in centres]
 
     def reversed(self) -> Clip:
         """The clip played backwards: the same frames in reverse order, captioned with the opposite direction."""

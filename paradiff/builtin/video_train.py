@@ -4,6 +4,7 @@
     python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
     python -m paradiff.builtin.video_train --resume DIR/video  # stages 4 and 5 only, from a stage 3 output
     python -m paradiff.builtin.video_train --out DIR --checkpoints STATE  # stopped, the same command goes on
+    python -m paradiff.builtin.video_train --out DIR --tune-from paradiff-tiny --kind-tune 2400 --shape-weight 5
 
 The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
 temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
@@ -29,6 +30,10 @@ drawing 256 px frames, its training size: 16x16 tokens each. Stages, each seeded
    :data:`~paradiff.builtin.train.KIND_WEIGHT` times more on each frame's kind region (where a circle, a square
    and a triangle would differ), at :data:`KIND_TUNE_LR`, writing the moving average of the weights. After
    stage 3 on an even loss, the asked colour moved the asked way but squares read as circles in half their frames.
+   ``--shape-weight W`` also counts the loss W times more on each frame's shape region (as the pictures' option
+   does: a colour that bleeds costs an even loss little). ``--tune-from MODEL`` runs this stage alone, again, from
+   the video DiT written in ``MODEL/video`` (its tokenizer and text encoder kept), with batches of its own seed
+   (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its state in ``video-dit-retune.pt``.
 
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
@@ -43,6 +48,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers import AutoencoderKL, DDPMScheduler, LattePipeline, PixArtTransformer2DModel
@@ -56,6 +62,7 @@ from .train import (
     CAPTION_DROPOUT,
     DATASET_SCENES,
     KIND_WEIGHT,
+    RETUNE_SEED,
     THREADS,
     Resumable,
     _save_in_float16,
@@ -66,6 +73,7 @@ from .train import (
     token_ids,
     train_text_encoder,
     weighted_mse,
+    with_written_weights,
 )
 
 #: Clips drawn and encoded at ``--scale 1`` (twice as many are trained on, with their reversals).
@@ -75,6 +83,8 @@ TEXT_STEPS, VIDEO_STEPS, VIDEO_BATCH, VIDEO_LR = 300, 1400, 4, 5e-4
 HIGH_NOISE_STEPS, HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 1000, 0.5, 700
 #: Stage 5's steps, enough that the moving average it writes has left stage 4's weights behind (0.999^600 still
 #: kept 55% of them), and its peak learning rate: it goes on from a trained model, as the pictures' ``--tune-from``.
+#: Run again from a written model (``--tune-from``), it keeps that peak: unlike the pictures' finished tunings, whose
+#: retune runs at a share of theirs, the shipped video model's shape rate was still climbing at its last step.
 KIND_TUNE_STEPS, KIND_TUNE_LR = 2700, 0.3 * VIDEO_LR
 
 
@@ -107,11 +117,18 @@ def encode_clips(vae: AutoencoderKL, clips: list[Clip], size: int = CLIP_SIZE) -
     return torch.stack(latents)
 
 
-def kind_maps(clips: list[Clip], size: int, latent_side: int) -> torch.Tensor:
+def kind_maps(clips: list[Clip], size: int, latent_side: int, shape_share: float = 0.0) -> torch.Tensor:
     """Per clip and frame, the share of each latent's pixels in the frame's kind region
-    (:meth:`~paradiff.builtin.clips.Clip.kind_regions`), ``(N, 1, FRAMES, h, w)`` as the latents."""
-    pooled = [F.adaptive_avg_pool2d(torch.from_numpy(clip.kind_regions(size)).float(), latent_side) for clip in clips]
-    return torch.stack(pooled)[:, None]
+    (:meth:`~paradiff.builtin.clips.Clip.kind_regions`), plus ``shape_share`` times the share in its shape region
+    (:meth:`~paradiff.builtin.clips.Clip.shape_regions`), ``(N, 1, FRAMES, h, w)`` as the latents."""
+
+    def pooled(clip: Clip) -> torch.Tensor:
+        regions = clip.kind_regions(size).astype(np.float32)
+        if shape_share:
+            regions += shape_share * clip.shape_regions(size).astype(np.float32)
+        return F.adaptive_avg_pool2d(torch.from_numpy(regions), latent_side)
+
+    return torch.stack([pooled(clip) for clip in clips])[:, None]
 
 
 def video_batches(
@@ -217,9 +234,13 @@ def train(
     high_noise_steps: int | None = None,
     checkpoints: Path | None = None,
     kind_tune_steps: int | None = None,
+    shape_weight: float = 0.0,
+    tune_from: Path | None = None,
 ) -> None:
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
-    px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips.
+    px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips; with
+    ``tune_from`` (a video pipeline folder that stage 5 wrote) stage 5 alone, again (``shape_weight``: its extra
+    weight on the shape regions).
 
     ``video_steps``, ``high_noise_steps`` and ``kind_tune_steps`` (default: the scaled :data:`VIDEO_STEPS`,
     :data:`HIGH_NOISE_STEPS` and :data:`KIND_TUNE_STEPS`) are stages 3, 4 and 5's steps; with ``checkpoints``
@@ -234,7 +255,7 @@ def train(
 
     vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
-    if resume is None:
+    if resume is None and tune_from is None:
         tokenizer, text_encoder, dit = _stages_1_and_2(clips, scale, seed, pictures)
         latents = encode_clips(vae, clips, size)
         torch.manual_seed(seed + 2)
@@ -246,24 +267,30 @@ def train(
         train_video_dit(video_dit, text_encoder, batches, steps, stage_3)
         round_to_float16(video_dit)  # as stage 3's weights ship: a resumed stage 4 starts from the same ones
     else:
-        written = LattePipeline.from_pretrained(resume, torch_dtype=torch.float32)
-        tokenizer, text_encoder, video_dit = written.tokenizer, written.text_encoder.eval(), written.transformer
+        folder = resume or tune_from
+        written = LattePipeline.from_pretrained(folder, torch_dtype=torch.float32)
+        tokenizer, text_encoder = written.tokenizer, written.text_encoder.eval()
+        dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
+        video_dit = with_written_weights(build_video_dit(dit, FRAMES), folder / "transformer")
         latents = encode_clips(vae, clips, size)
-    torch.manual_seed(seed + 4)
-    generator = torch.Generator().manual_seed(seed + 5)
-    batches = video_batches(latents, clips, tokenizer, generator, high_noise=True)
-    steps = scaled(HIGH_NOISE_STEPS) if high_noise_steps is None else high_noise_steps
-    high_noise = resumable("video-dit-high-noise", {"video_dit": video_dit}, generator)
-    train_video_dit(video_dit.train(), text_encoder, batches, steps, high_noise)
+    if tune_from is None:
+        torch.manual_seed(seed + 4)
+        generator = torch.Generator().manual_seed(seed + 5)
+        batches = video_batches(latents, clips, tokenizer, generator, high_noise=True)
+        steps = scaled(HIGH_NOISE_STEPS) if high_noise_steps is None else high_noise_steps
+        high_noise = resumable("video-dit-high-noise", {"video_dit": video_dit}, generator)
+        train_video_dit(video_dit.train(), text_encoder, batches, steps, high_noise)
     kind_tune_steps = scaled(KIND_TUNE_STEPS) if kind_tune_steps is None else kind_tune_steps
     if kind_tune_steps:
-        torch.manual_seed(seed + 6)
-        generator = torch.Generator().manual_seed(seed + 7)
-        maps = kind_maps(clips, size, latents.shape[-1])
+        offset = 6 if tune_from is None else RETUNE_SEED
+        torch.manual_seed(seed + offset)
+        generator = torch.Generator().manual_seed(seed + offset + 1)
+        maps = kind_maps(clips, size, latents.shape[-1], shape_weight / KIND_WEIGHT)
         batches = video_batches(latents, clips, tokenizer, generator, high_noise=True, kind_maps=maps)
         average = copy.deepcopy(video_dit).requires_grad_(False)
-        tuning = resumable("video-dit-kind-tune", {"video_dit": video_dit, "average": average}, generator)
-        train_video_dit(video_dit, text_encoder, batches, kind_tune_steps, tuning, KIND_TUNE_LR, average)
+        name = "video-dit-kind-tune" if tune_from is None else "video-dit-retune"
+        tuning = resumable(name, {"video_dit": video_dit, "average": average}, generator)
+        train_video_dit(video_dit.train(), text_encoder, batches, kind_tune_steps, tuning, KIND_TUNE_LR, average)
         video_dit = average
     save_video(out, pictures, tokenizer, text_encoder, vae, video_dit.eval())
 
@@ -295,15 +322,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
     parser.add_argument("--kind-tune", type=int, help=f"stage 5's (default: the scaled {KIND_TUNE_STEPS}; 0: none)")
+    parser.add_argument("--shape-weight", type=float, default=0.0, help="stage 5's extra loss weight on the shapes")
+    parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run stage 5 alone, again")
     parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
     args = parser.parse_args(argv)
     if args.size % 16:
         parser.error(f"--size {args.size} is not a multiple of 16 (the VAE's 8 x the DiT's 2x2 patches); use 256")
+    if args.tune_from:
+        given = [
+            flag
+            for flag, value in (
+                ("--resume", args.resume),
+                ("--video-steps", args.video_steps),
+                ("--high-noise-steps", args.high_noise_steps),
+            )
+            if value is not None
+        ]
+        if given:
+            parser.error(f"--tune-from runs stage 5 alone, so {given[0]} has nothing to do; leave it out")
+        if args.kind_tune == 0:
+            parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
+        if not (args.tune_from / "video" / "model_index.json").is_file():
+            parser.error(f"--tune-from {args.tune_from} holds no video/ pipeline; give a paradiff-tiny folder")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     steps = {"video_steps": args.video_steps, "high_noise_steps": args.high_noise_steps}
-    steps |= {"kind_tune_steps": args.kind_tune}
-    train(args.out, args.scale, args.seed, args.pictures, args.resume, args.size, **steps, checkpoints=args.checkpoints)
+    steps |= {"kind_tune_steps": args.kind_tune, "shape_weight": args.shape_weight}
+    tune_from = args.tune_from / "video" if args.tune_from else None
+    train(
+        args.out,
+        args.scale,
+        args.seed,
+        args.pictures,
+        args.resume,
+        args.size,
+        **steps,
+        checkpoints=args.checkpoints,
+        tune_from=tune_from,
+    )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
