@@ -170,7 +170,7 @@ def test_tuning_a_written_video_model_again_runs_stage_5_alone_from_its_dit(shor
     assert 0 < moved < 1e-3, moved
     written = load_file(out / "video/transformer/diffusion_pytorch_model.safetensors")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
-    for part in ("transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer.json"):
+    for part in ("transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer_config.json"):
         assert (out / "video" / part).read_text() == (short_video_run / "video" / part).read_text(), part
     kept, encoder = (weights_of(run, "text_encoder") for run in (out, short_video_run))
     assert all(torch.equal(kept[name], tensor) for name, tensor in encoder.items())

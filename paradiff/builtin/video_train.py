@@ -268,8 +268,8 @@ def train(
         round_to_float16(video_dit)  # as stage 3's weights ship: a resumed stage 4 starts from the same ones
     else:
         folder = resume or tune_from
-        written = LattePipeline.from_pretrained(folder, torch_dtype=torch.float32)
-        tokenizer, text_encoder = written.tokenizer, written.text_encoder.eval()
+        text_encoder = CLIPTextModel.from_pretrained(folder / "text_encoder").requires_grad_(False).eval()
+        tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)  # as stage 1's: a loaded one saves more
         dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
         video_dit = with_written_weights(build_video_dit(dit, FRAMES), folder / "transformer")
         latents = encode_clips(vae, clips, size)
