@@ -288,7 +288,7 @@ def video_pipe():
 
 
 #: Half of the held-out prompts, each colour in two directions and each direction in three colours (the 24 are
-#: every colour in every direction, in that order); the suite draws these, which takes a minute and a half here.
+#: every colour in every direction, in that order); the suite draws these, which takes a minute here.
 CHECKED_PROMPTS = tuple(prompt for i, prompt in enumerate(TEST_PROMPTS) if (i + i // len(DIRECTIONS)) % 2 == 0)
 
 
@@ -301,11 +301,12 @@ def test_the_checked_prompts_are_half_and_cover_every_colour_and_direction():
 
 @pytest.mark.timeout(400)
 def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe, capsys):
-    """Each checked held-out prompt at the default size, 20 steps, seed 0: the asked colour is found and its
-    centroid moves the asked way by at least 15% of the frame between the first and last quarter of the frames,
-    in at least 75% of them. The follow measure's rates on the same clips are printed and held a little under the
-    shipped model's (docs/builtin-models.md gives them)."""
-    clips = {prompt: draw(video_pipe, prompt, seed=0) for prompt in CHECKED_PROMPTS}
+    """Each checked held-out prompt at the default size, seed 0, 10 steps (half the default, for the suite's time:
+    these clips read as well as at 20): the asked colour is found and its centroid moves the asked way by at least
+    15% of the frame between the first and last quarter of the frames, in at least 75% of them. The follow
+    measure's rates on the same clips are printed and held a little under the shipped model's
+    (docs/builtin-models.md gives them)."""
+    clips = {prompt: draw(video_pipe, prompt, seed=0, steps=10) for prompt in CHECKED_PROMPTS}
     misses = {prompt: motion_misses(frames, prompt) for prompt, frames in clips.items()}
     followed = [prompt for prompt, missed in misses.items() if not missed]
     measured = rates([judge_clip(frames, prompt) for prompt, frames in clips.items()])
@@ -315,7 +316,7 @@ def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe
             "measure: " + ", ".join(f"{check} {100 * share:.0f}%" for check, share in measured.items())
         )
     assert len(followed) >= 0.75 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
-    floors = {"shape": 0.35, "colour": 0.55, "direction": 0.75, "background": 0.9}
+    floors = {"shape": 0.35, "colour": 0.65, "direction": 0.75, "background": 0.9}
     assert all(measured[check] >= floor for check, floor in floors.items()), measured
 
 
