@@ -97,6 +97,11 @@ def test_unknown_words_for_the_video_model_include_no_motion_word():
     assert call_kwargs("video", prompt, warn=False) == {"prompt": prompt, "guidance_scale": 2.0, "clean_caption": False}
 
 
+def weights_of(run: Path, part: str) -> dict[str, torch.Tensor]:
+    """The weights a training run wrote for ``video/<part>``."""
+    return load_file(next((run / "video" / part).glob("*.safetensors")))
+
+
 @pytest.fixture(scope="module")
 def short_video_run(tmp_path_factory) -> Path:
     """The training script's output folder after a short run (:data:`SHORT_RUN`), its stages' saved states in
@@ -150,7 +155,7 @@ def test_a_stopped_video_run_resumes_to_the_weights_of_an_unbroken_run(short_vid
     monkeypatch.setattr(video_training, "video_batches", unbroken)
     as_the_script(train, tmp_path / "out", **SHORT_RUN, checkpoints=state)
     runs = (short_video_run, tmp_path / "out")
-    first, second = (load_file(run / "video/transformer/diffusion_pytorch_model.safetensors") for run in runs)
+    first, second = (weights_of(run, "transformer") for run in runs)
     assert all(torch.equal(first[name], second[name]) for name in first), "the resumed video DiT differs"
 
 
@@ -165,19 +170,15 @@ def test_tuning_a_written_video_model_again_runs_stage_5_alone_from_its_dit(shor
     assert sorted(path.name for path in state.iterdir()) == ["video-dit-retune.pt"], "only stage 5 ran"
     tuned = torch.load(state / "video-dit-retune.pt", weights_only=False)
     assert tuned["step"] == 2 and tuned["optimizer"]["param_groups"][0]["lr"] == lr_at(1, 2, KIND_TUNE_LR)
-    started = load_file(short_video_run / "video/transformer/diffusion_pytorch_model.safetensors")
+    started = weights_of(short_video_run, "transformer")
     moved = max(float((tuned["video_dit"][name] - started[name].float()).abs().max()) for name in started)
     assert 0 < moved < 1e-3, moved
-    written = load_file(out / "video/transformer/diffusion_pytorch_model.safetensors")
+    written = weights_of(out, "transformer")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     for part in ("transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer_config.json"):
         assert (out / "video" / part).read_text() == (short_video_run / "video" / part).read_text(), part
     kept, encoder = (weights_of(run, "text_encoder") for run in (out, short_video_run))
     assert all(torch.equal(kept[name], tensor) for name, tensor in encoder.items())
-
-
-def weights_of(run: Path, part: str) -> dict[str, torch.Tensor]:
-    return load_file(next((run / "video" / part).glob("*.safetensors")))
 
 
 @pytest.mark.parametrize(
@@ -253,7 +254,7 @@ def test_stage_5_tunes_the_video_dit_and_writes_its_moving_average(short_video_r
     stages = ("video-dit-high-noise", "video-dit-kind-tune")
     stage_4, tuned = (torch.load(state / f"{name}.pt", weights_only=False) for name in stages)
     assert stage_4["step"] == 2 and tuned["step"] == max(2, round(KIND_TUNE_STEPS * SHORT_RUN["scale"]))
-    written = load_file(short_video_run / "video/transformer/diffusion_pytorch_model.safetensors")
+    written = weights_of(short_video_run, "transformer")
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     assert not all(torch.equal(written[name], tuned["video_dit"][name].half()) for name in written), "the average"
     assert not all(torch.equal(written[name], stage_4["video_dit"][name].half()) for name in written), "stage 5 ran"
