@@ -30,6 +30,7 @@ from paradiff.builtin.video_train import (
     direction_classes,
     kind_maps,
     main,
+    parse_kind_draw,
     train,
     video_batches,
 )
@@ -258,6 +259,44 @@ def test_stage_5_tunes_the_video_dit_and_writes_its_moving_average(short_video_r
     assert all(torch.equal(written[name], tuned["average"][name].half()) for name in written)
     assert not all(torch.equal(written[name], tuned["video_dit"][name].half()) for name in written), "the average"
     assert not all(torch.equal(written[name], stage_4["video_dit"][name].half()) for name in written), "stage 5 ran"
+
+
+def test_stage_5_draws_each_shapes_clips_in_proportion_to_its_kind_draw_weight():
+    clips = make_clips(12, seed=0)
+    latents = torch.zeros(len(clips), 4, FRAMES, 4, 4)
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
+    kinds = {
+        tuple(token_ids(tokenizer, [caption])[0][0].tolist()): clip.motion.kind
+        for clip in clips
+        for caption in (clip.caption, clip.reversed().caption)
+    }
+
+    def triangle_share(kind_draw: dict | None) -> float:
+        batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(2), kind_draw=kind_draw)
+        drawn = [kinds[tuple(row)] for _ in range(40) for row in next(batches)[3].tolist() if tuple(row) in kinds]
+        return drawn.count("triangle") / len(drawn)
+
+    triangles = sum(clip.motion.kind == "triangle" for clip in clips) / len(clips)
+    weighted = parse_kind_draw("triangle=20")
+    expected = 20 * triangles / (20 * triangles + 1 - triangles)
+    assert 0.1 < triangles < 0.6 and expected > 0.85
+    assert abs(triangle_share(None) - triangles) < 0.15 and triangle_share(weighted) > expected - 0.1
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--kind-draw", "hexagon=2"], "--kind-draw names 'hexagon', no shape; use circle, square, triangle"),
+        (["--kind-draw", "triangle=0"], "--kind-draw gives triangle the weight 0; a weight is above 0"),
+        (["--kind-draw", "triangle=a lot"], "--kind-draw gives triangle the weight 'a lot', no number"),
+        (["--kind-draw", "triangle=3", "--kind-tune", "0"], "--kind-draw weighs stage 5's draw, which --kind-tune 0"),
+    ],
+)
+def test_the_training_script_refuses_a_kind_draw_it_cannot_use(tmp_path, capsys, flags, refusal):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), *flags])
+    assert refusal in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is written"
 
 
 def test_stage_4_draws_half_of_each_batch_at_high_noise():

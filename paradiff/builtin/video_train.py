@@ -5,6 +5,7 @@
     python -m paradiff.builtin.video_train --resume DIR/video  # stages 4 and 5 only, from a stage 3 output
     python -m paradiff.builtin.video_train --out DIR --checkpoints STATE  # stopped, the same command goes on
     python -m paradiff.builtin.video_train --out DIR --tune-from paradiff-tiny --kind-tune 2400 --shape-weight 5
+    python -m paradiff.builtin.video_train --out DIR --tune-from paradiff-tiny --kind-tune 2400 --kind-draw triangle=3
 
 The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
 temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
@@ -33,7 +34,8 @@ drawing 256 px frames, its training size: 16x16 tokens each. Stages, each seeded
    ``--shape-weight W`` also counts the loss W times more on each frame's shape region (as the pictures' option
    does: a colour that bleeds costs an even loss little). ``--tune-from MODEL`` runs this stage alone, again, from
    the video DiT written in ``MODEL/video`` (its tokenizer and text encoder kept), with batches of its own seed
-   (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its state in ``video-dit-retune.pt``.
+   (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its state in ``video-dit-retune.pt``. ``--kind-draw`` draws the
+   clips of the shapes it names more often (e.g. ``square=2,triangle=3``: the kinds the model gets wrong most).
 
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
@@ -57,7 +59,7 @@ from transformers import CLIPTextModel
 from . import WEIGHTS
 from .clips import CLIP_SIZE, DIRECTION_TOKENS, DIRECTIONS, FRAMES, MOTION_WORDS, Clip, make_clips
 from .configs import NOISE_SCHEDULE, build_scheduler, build_tokenizer, build_video_dit
-from .scenes import make_scenes
+from .scenes import SHAPES, make_scenes
 from .train import (
     CAPTION_DROPOUT,
     DATASET_SCENES,
@@ -138,16 +140,23 @@ def video_batches(
     generator: torch.Generator,
     high_noise: bool = False,
     kind_maps: torch.Tensor | None = None,
+    kind_draw: dict[str, float] | None = None,
 ) -> Iterator[tuple]:
     """Endless batches of (noisy latents, v targets, timesteps, token ids, masks, loss weights); an odd index is a
     clip reversed. With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
     ``HIGH_NOISE_FROM`` up. The loss weights are None (an even loss), or with ``kind_maps`` (:func:`kind_maps`) 1
-    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map.
+    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map. Clips are drawn evenly, or with
+    ``kind_draw`` (kind -> weight, :func:`parse_kind_draw`) each in proportion to its shape's weight.
     Every draw comes from ``generator``, read only as batches are taken, so a resumed stage restores it first."""
     captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
+    if kind_draw is not None:
+        chances = torch.tensor([kind_draw[clip.motion.kind] for clip in clips for _ in range(2)], dtype=torch.float64)
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
-        index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
+        if kind_draw is None:
+            index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
+        else:
+            index = torch.multinomial(chances, VIDEO_BATCH, replacement=True, generator=generator)
         drop = torch.rand(VIDEO_BATCH, generator=generator) < CAPTION_DROPOUT
         clean = torch.stack([latents[i // 2].flip(1) if i % 2 else latents[i // 2] for i in index.tolist()])
         maps = None if kind_maps is None else [kind_maps[i // 2].flip(1) if i % 2 else kind_maps[i // 2] for i in index]
@@ -162,6 +171,23 @@ def video_batches(
         kept = zip(index.tolist(), drop.tolist(), strict=True)
         ids, mask = token_ids(tokenizer, ["" if dropped else captions[i] for i, dropped in kept])
         yield noisy, target, timesteps, ids, mask, None if maps is None else 1 + KIND_WEIGHT * torch.stack(maps)
+
+
+def parse_kind_draw(text: str) -> dict[str, float]:
+    """``"square=2,triangle=3"`` -> each shape's weight in stage 5's draw of clips (a kind left out weighs 1)."""
+    weights = dict.fromkeys(SHAPES, 1.0)
+    for item in text.split(","):
+        kind, _, weight = item.partition("=")
+        kind = kind.strip()
+        if kind not in weights:
+            raise ValueError(f"--kind-draw names {kind!r}, no shape; use {', '.join(SHAPES)}, e.g. triangle=3")
+        try:
+            weights[kind] = float(weight)
+        except ValueError:
+            raise ValueError(f"--kind-draw gives {kind} the weight {weight!r}, no number; e.g. {kind}=2") from None
+        if not weights[kind] > 0:
+            raise ValueError(f"--kind-draw gives {kind} the weight {weight}; a weight is above 0 (1: as drawn)")
+    return weights
 
 
 def train_video_dit(
@@ -236,11 +262,13 @@ def train(
     kind_tune_steps: int | None = None,
     shape_weight: float = 0.0,
     tune_from: Path | None = None,
+    kind_draw: dict[str, float] | None = None,
 ) -> None:
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
     px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips; with
     ``tune_from`` (a video pipeline folder that stage 5 wrote) stage 5 alone, again (``shape_weight``: its extra
-    weight on the shape regions).
+    weight on the shape regions; ``kind_draw``: its weight on each
+    shape's clips, as :func:`video_batches` takes it).
 
     ``video_steps``, ``high_noise_steps`` and ``kind_tune_steps`` (default: the scaled :data:`VIDEO_STEPS`,
     :data:`HIGH_NOISE_STEPS` and :data:`KIND_TUNE_STEPS`) are stages 3, 4 and 5's steps; with ``checkpoints``
@@ -286,7 +314,7 @@ def train(
         torch.manual_seed(seed + offset)
         generator = torch.Generator().manual_seed(seed + offset + 1)
         maps = kind_maps(clips, size, latents.shape[-1], shape_weight / KIND_WEIGHT)
-        batches = video_batches(latents, clips, tokenizer, generator, high_noise=True, kind_maps=maps)
+        batches = video_batches(latents, clips, tokenizer, generator, True, maps, kind_draw)
         average = copy.deepcopy(video_dit).requires_grad_(False)
         name = "video-dit-kind-tune" if tune_from is None else "video-dit-retune"
         tuning = resumable(name, {"video_dit": video_dit, "average": average}, generator)
@@ -323,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
     parser.add_argument("--kind-tune", type=int, help=f"stage 5's (default: the scaled {KIND_TUNE_STEPS}; 0: none)")
     parser.add_argument("--shape-weight", type=float, default=0.0, help="stage 5's extra loss weight on the shapes")
+    parser.add_argument("--kind-draw", help="stage 5 draws each shape's clips this much more, e.g. triangle=3")
     parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run stage 5 alone, again")
     parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
     args = parser.parse_args(argv)
@@ -344,6 +373,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
         if not (args.tune_from / "video" / "model_index.json").is_file():
             parser.error(f"--tune-from {args.tune_from} holds no video/ pipeline; give a paradiff-tiny folder")
+    try:
+        kind_draw = parse_kind_draw(args.kind_draw) if args.kind_draw else None
+    except ValueError as error:
+        parser.error(str(error))
+    if kind_draw and args.kind_tune == 0:
+        parser.error("--kind-draw weighs stage 5's draw, which --kind-tune 0 leaves out; leave one of them out")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     steps = {"video_steps": args.video_steps, "high_noise_steps": args.high_noise_steps}
@@ -359,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         **steps,
         checkpoints=args.checkpoints,
         tune_from=tune_from,
+        kind_draw=kind_draw,
     )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
