@@ -284,6 +284,19 @@ def test_the_training_script_refuses_a_run_that_trains_nothing(short_run, tmp_pa
     assert not any(tmp_path.iterdir()), "nothing is written"
 
 
+@pytest.mark.parametrize(
+    ("weight", "refusal"),
+    [("-5", "-5 is below 0; give 0 (no extra weight on the shapes) or more"), ("much", "'much' is no number")],
+)
+def test_the_training_script_refuses_a_shape_weight_that_is_no_weight(tmp_path, capsys, weight, refusal):
+    import paradiff.builtin.train as training
+
+    with pytest.raises(SystemExit):
+        training.main(["--out", str(tmp_path), "--shape-weight", weight])
+    assert f"argument --shape-weight: {refusal}" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is written"
+
+
 def test_the_dit_tuning_draws_half_its_batches_at_high_noise():
     """Uniform timesteps below :data:`TUNE_HIGH_FROM` and above it, in the shares the tuning stage asks for."""
     from paradiff.builtin.train import TUNE_HIGH_FROM, TUNE_HIGH_SHARE, denoiser_batches

@@ -290,9 +290,10 @@ def test_stage_5_draws_each_shapes_clips_in_proportion_to_its_kind_draw_weight()
         (["--kind-draw", "triangle=0"], "--kind-draw gives triangle the weight 0; a weight is above 0"),
         (["--kind-draw", "triangle=a lot"], "--kind-draw gives triangle the weight 'a lot', no number"),
         (["--kind-draw", "triangle=3", "--kind-tune", "0"], "--kind-draw weighs stage 5's draw, which --kind-tune 0"),
+        (["--shape-weight", "-1"], "argument --shape-weight: -1 is below 0; give 0 (no extra weight on the shapes)"),
     ],
 )
-def test_the_training_script_refuses_a_kind_draw_it_cannot_use(tmp_path, capsys, flags, refusal):
+def test_the_training_script_refuses_a_stage_5_setting_it_cannot_use(tmp_path, capsys, flags, refusal):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), *flags])
     assert refusal in capsys.readouterr().err

@@ -105,6 +105,17 @@ SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
 DENOISERS = ("unet", "dit")
 
 
+def parse_shape_weight(text: str) -> float:
+    """``--shape-weight``'s value: a loss weight, so 0 (no extra weight on the shapes) or more."""
+    try:
+        weight = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no number; give one, e.g. 5") from None
+    if not weight >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is below 0; give 0 (no extra weight on the shapes) or more, e.g. 5")
+    return weight
+
+
 def log(message: str) -> None:
     print(f"[train {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -690,7 +701,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--shape-weight",
-        type=float,
+        type=parse_shape_weight,
         default=0.0,
         help="the tuning stages also count the loss this many times more where the shape's colour shows (default: 0)",
     )

@@ -70,6 +70,7 @@ from .train import (
     _save_in_float16,
     log,
     optimise,
+    parse_shape_weight,
     round_to_float16,
     to_pixels,
     token_ids,
@@ -350,7 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--video-steps", type=int, help=f"stage 3's steps (default: the scaled {VIDEO_STEPS})")
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
     parser.add_argument("--kind-tune", type=int, help=f"stage 5's (default: the scaled {KIND_TUNE_STEPS}; 0: none)")
-    parser.add_argument("--shape-weight", type=float, default=0.0, help="stage 5's extra loss weight on the shapes")
+    parser.add_argument(
+        "--shape-weight", type=parse_shape_weight, default=0.0, help="stage 5's extra loss weight on the shapes"
+    )
     parser.add_argument("--kind-draw", help="stage 5 draws each shape's clips this much more, e.g. triangle=3")
     parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run stage 5 alone, again")
     parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
