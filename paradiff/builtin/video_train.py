@@ -361,17 +361,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.size % 16:
         parser.error(f"--size {args.size} is not a multiple of 16 (the VAE's 8 x the DiT's 2x2 patches); use 256")
     if args.tune_from:
-        given = [
-            flag
-            for flag, value in (
-                ("--resume", args.resume),
-                ("--video-steps", args.video_steps),
-                ("--high-noise-steps", args.high_noise_steps),
-            )
-            if value is not None
-        ]
-        if given:
-            parser.error(f"--tune-from runs stage 5 alone, so {given[0]} has nothing to do; leave it out")
+        for flag, value in (
+            ("--resume", args.resume),
+            ("--video-steps", args.video_steps),
+            ("--high-noise-steps", args.high_noise_steps),
+        ):
+            if value is not None:
+                parser.error(f"--tune-from runs stage 5 alone, so {flag} has nothing to do; leave it out")
         if args.kind_tune == 0:
             parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
         if not (args.tune_from / "video" / "model_index.json").is_file():
