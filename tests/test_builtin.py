@@ -17,12 +17,12 @@ from scene_analysis import asked_by, misses, where_is
 from training_runs import as_the_script
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
-from paradiff.builtin.configs import build_tokenizer
+from paradiff.builtin.configs import build_dit, build_tokenizer
 from paradiff.builtin.follow import judge, rates
 from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, HELD_OUT_PROMPTS, PLACES, SHAPES, VOCABULARY, make_scenes
-from paradiff.builtin.train import mirrored, train
+from paradiff.builtin.train import mirrored, train, with_written_weights
 from paradiff.builtin.vocabulary import KNOWN_WORDS, SUGGESTIONS
-from paradiff.errors import ParadiffWarning
+from paradiff.errors import ParadiffError, ParadiffWarning
 from paradiff.loading import TRAINED_MODELS, load_pipeline, prompt_kwargs
 
 #: The picture models (the video model has its own tests, in test_builtin_video.py).
@@ -295,6 +295,21 @@ def test_the_training_script_refuses_a_shape_weight_that_is_no_weight(tmp_path, 
         training.main(["--out", str(tmp_path), "--shape-weight", weight])
     assert f"argument --shape-weight: {refusal}" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+def test_weights_of_another_shape_are_refused_naming_what_differs_and_the_fix(tmp_path):
+    """Not torch's list of every size mismatch: a run going on from a folder built from other parts (the video
+    script's ``--tune-from`` beside another ``--pictures``) is told which."""
+    torch.manual_seed(0)
+    written = build_dit(4)
+    written.save_pretrained(tmp_path)
+    loaded = with_written_weights(build_dit(4), tmp_path).state_dict()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in written.state_dict().items())
+    with pytest.raises(ParadiffError) as refused:
+        with_written_weights(build_dit(2), tmp_path, "give the --pictures folder it was trained from")
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path} holds another PixArtTransformer2DModel than this run builds: "), message
+    assert " there, " in message and message.endswith("here; give the --pictures folder it was trained from"), message
 
 
 def test_the_dit_tuning_draws_half_its_batches_at_high_noise():

@@ -60,6 +60,7 @@ from diffusers import (
 from diffusers.utils import logging as diffusers_logging
 from transformers import CLIPTextModel
 
+from ..errors import ParadiffError
 from . import WEIGHTS
 from .configs import (
     IMAGE_SIZE,
@@ -495,10 +496,19 @@ def tune(
     return average
 
 
-def with_written_weights(built: ModelMixin, folder: Path) -> ModelMixin:
+def with_written_weights(built: ModelMixin, folder: Path, hint: str = "give a folder this script wrote") -> ModelMixin:
     """``built`` holding the weights written in ``folder``: its config, unlike a loaded model's, names no folder
-    (``_name_or_path``), so what it writes is what a fresh run would write."""
-    built.load_state_dict(type(built).from_pretrained(folder).state_dict())
+    (``_name_or_path``), so what it writes is what a fresh run would write. Weights of another shape (a model built
+    from other parts) are refused naming the first that differs and ``hint``, the fix."""
+    written, expected = type(built).from_pretrained(folder).state_dict(), built.state_dict()
+    for name in sorted(written.keys() | expected.keys()):
+        there, here = (tuple(weights[name].shape) if name in weights else "missing" for weights in (written, expected))
+        if there != here:
+            raise ParadiffError(
+                f"{folder} holds another {type(built).__name__} than this run builds: {name} is {there} there, "
+                f"{here} here; {hint}"
+            )
+    built.load_state_dict(written)
     return built
 
 
@@ -731,22 +741,25 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--tune-from skips the DiT's training stage, so --dit-steps has nothing to count")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    train(
-        args.out,
-        args.scale,
-        args.seed,
-        args.encoders,
-        tuple(args.denoisers),
-        args.checkpoints,
-        args.hold_out,
-        args.dit_patch,
-        args.dit_steps,
-        args.dit_tune,
-        args.unet_tune,
-        args.shape_weight,
-        args.decoder_tune,
-        args.tune_from,
-    )
+    try:
+        train(
+            args.out,
+            args.scale,
+            args.seed,
+            args.encoders,
+            tuple(args.denoisers),
+            args.checkpoints,
+            args.hold_out,
+            args.dit_patch,
+            args.dit_steps,
+            args.dit_tune,
+            args.unet_tune,
+            args.shape_weight,
+            args.decoder_tune,
+            args.tune_from,
+        )
+    except ParadiffError as error:
+        parser.error(str(error))
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from diffusers import AutoencoderKL, DDPMScheduler, LattePipeline, PixArtTransformer2DModel
 from transformers import CLIPTextModel
 
+from ..errors import ParadiffError
 from . import WEIGHTS
 from .clips import CLIP_SIZE, DIRECTION_TOKENS, DIRECTIONS, FRAMES, MOTION_WORDS, Clip, make_clips
 from .configs import NOISE_SCHEDULE, build_scheduler, build_tokenizer, build_video_dit
@@ -300,7 +301,8 @@ def train(
         text_encoder = CLIPTextModel.from_pretrained(folder / "text_encoder").requires_grad_(False).eval()
         tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)  # as stage 1's: a loaded one saves more
         dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
-        video_dit = with_written_weights(build_video_dit(dit, FRAMES), folder / "transformer")
+        hint = f"give the --pictures folder {folder} was trained from"
+        video_dit = with_written_weights(build_video_dit(dit, FRAMES), folder / "transformer", hint)
         latents = encode_clips(vae, clips, size)
     if tune_from is None:
         torch.manual_seed(seed + 4)
@@ -383,18 +385,21 @@ def main(argv: list[str] | None = None) -> None:
     steps = {"video_steps": args.video_steps, "high_noise_steps": args.high_noise_steps}
     steps |= {"kind_tune_steps": args.kind_tune, "shape_weight": args.shape_weight}
     tune_from = args.tune_from / "video" if args.tune_from else None
-    train(
-        args.out,
-        args.scale,
-        args.seed,
-        args.pictures,
-        args.resume,
-        args.size,
-        **steps,
-        checkpoints=args.checkpoints,
-        tune_from=tune_from,
-        kind_draw=kind_draw,
-    )
+    try:
+        train(
+            args.out,
+            args.scale,
+            args.seed,
+            args.pictures,
+            args.resume,
+            args.size,
+            **steps,
+            checkpoints=args.checkpoints,
+            tune_from=tune_from,
+            kind_draw=kind_draw,
+        )
+    except ParadiffError as error:
+        parser.error(str(error))
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
