@@ -286,9 +286,9 @@ def test_stage_5_draws_each_shapes_clips_in_proportion_to_its_kind_draw_weight()
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
-        (["--kind-draw", "hexagon=2"], "--kind-draw names 'hexagon', no shape; use circle, square, triangle"),
-        (["--kind-draw", "triangle=0"], "--kind-draw gives triangle the weight 0; a weight is above 0"),
-        (["--kind-draw", "triangle=a lot"], "--kind-draw gives triangle the weight 'a lot', no number"),
+        (["--kind-draw", "hexagon=2"], "argument --kind-draw: 'hexagon' is no shape; use circle, square, triangle"),
+        (["--kind-draw", "triangle=0"], "argument --kind-draw: triangle's weight 0 is not above 0"),
+        (["--kind-draw", "triangle=a lot"], "argument --kind-draw: triangle's weight 'a lot' is no number"),
         (["--kind-draw", "triangle=3", "--kind-tune", "0"], "--kind-draw weighs stage 5's draw, which --kind-tune 0"),
         (["--shape-weight", "-1"], "argument --shape-weight: -1 is below 0; give 0 (no extra weight on the shapes)"),
     ],

@@ -176,19 +176,20 @@ def video_batches(
 
 
 def parse_kind_draw(text: str) -> dict[str, float]:
-    """``"square=2,triangle=3"`` -> each shape's weight in stage 5's draw of clips (a kind left out weighs 1)."""
+    """``--kind-draw``'s value, ``"square=2,triangle=3"`` -> each shape's weight in stage 5's draw of clips (a kind
+    left out weighs 1)."""
     weights = dict.fromkeys(SHAPES, 1.0)
     for item in text.split(","):
         kind, _, weight = item.partition("=")
         kind = kind.strip()
         if kind not in weights:
-            raise ValueError(f"--kind-draw names {kind!r}, no shape; use {', '.join(SHAPES)}, e.g. triangle=3")
+            raise argparse.ArgumentTypeError(f"{kind!r} is no shape; use {', '.join(SHAPES)}, e.g. triangle=3")
         try:
             weights[kind] = float(weight)
         except ValueError:
-            raise ValueError(f"--kind-draw gives {kind} the weight {weight!r}, no number; e.g. {kind}=2") from None
+            raise argparse.ArgumentTypeError(f"{kind}'s weight {weight!r} is no number; e.g. {kind}=2") from None
         if not weights[kind] > 0:
-            raise ValueError(f"--kind-draw gives {kind} the weight {weight}; a weight is above 0 (1: as drawn)")
+            raise argparse.ArgumentTypeError(f"{kind}'s weight {weight} is not above 0 (1: drawn as often as now)")
     return weights
 
 
@@ -269,8 +270,7 @@ def train(
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
     px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips; with
     ``tune_from`` (a video pipeline folder that stage 5 wrote) stage 5 alone, again (``shape_weight``: its extra
-    weight on the shape regions; ``kind_draw``: its weight on each
-    shape's clips, as :func:`video_batches` takes it).
+    weight on the shape regions; ``kind_draw``: its weight on each shape's clips, as :func:`video_batches` takes it).
 
     ``video_steps``, ``high_noise_steps`` and ``kind_tune_steps`` (default: the scaled :data:`VIDEO_STEPS`,
     :data:`HIGH_NOISE_STEPS` and :data:`KIND_TUNE_STEPS`) are stages 3, 4 and 5's steps; with ``checkpoints``
@@ -356,7 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--shape-weight", type=parse_shape_weight, default=0.0, help="stage 5's extra loss weight on the shapes"
     )
-    parser.add_argument("--kind-draw", help="stage 5 draws each shape's clips this much more, e.g. triangle=3")
+    parser.add_argument(
+        "--kind-draw", type=parse_kind_draw, help="stage 5 draws each shape's clips this much more, e.g. triangle=3"
+    )
     parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run stage 5 alone, again")
     parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
     args = parser.parse_args(argv)
@@ -374,11 +376,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
         if not (args.tune_from / "video" / "model_index.json").is_file():
             parser.error(f"--tune-from {args.tune_from} holds no video/ pipeline; give a paradiff-tiny folder")
-    try:
-        kind_draw = parse_kind_draw(args.kind_draw) if args.kind_draw else None
-    except ValueError as error:
-        parser.error(str(error))
-    if kind_draw and args.kind_tune == 0:
+    if args.kind_draw and args.kind_tune == 0:
         parser.error("--kind-draw weighs stage 5's draw, which --kind-tune 0 leaves out; leave one of them out")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -396,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
             **steps,
             checkpoints=args.checkpoints,
             tune_from=tune_from,
-            kind_draw=kind_draw,
+            kind_draw=args.kind_draw,
         )
     except ParadiffError as error:
         parser.error(str(error))
