@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
-from safetensors.torch import load_file
 from scene_analysis import asked_by, misses, where_is
-from training_runs import as_the_script
+from training_runs import as_the_script, weights_in
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
 from paradiff.builtin.configs import build_dit, build_tokenizer
@@ -83,11 +82,6 @@ def test_tokenizer_knows_every_word_and_ignores_case_and_punctuation():
     assert tokenizer.unk_token_id not in ids and len(set(ids)) == len(VOCABULARY) + 2  # + bos, eos
     assert tokenizer("A Red, circle.").input_ids == tokenizer("a red circle").input_ids
     assert tokenizer("a zebra").input_ids[2] == tokenizer.unk_token_id
-
-
-def weights_in(folder: Path) -> dict[str, torch.Tensor]:
-    """The tensors of the one safetensors file a written model folder holds."""
-    return load_file(next(folder.glob("*.safetensors")))
 
 
 @pytest.fixture(scope="module")

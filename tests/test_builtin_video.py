@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 from diffusers import LattePipeline
-from safetensors.torch import load_file
 from scene_analysis import motion_misses
-from training_runs import as_the_script
+from training_runs import as_the_script, weights_in
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
 from paradiff.builtin.clips import DIRECTION_TOKENS, DIRECTIONS, MOTION_WORDS, TEST_MOTIONS, TEST_PROMPTS, make_clips
@@ -100,7 +99,7 @@ def test_unknown_words_for_the_video_model_include_no_motion_word():
 
 def weights_of(run: Path, part: str) -> dict[str, torch.Tensor]:
     """The weights a training run wrote for ``video/<part>``."""
-    return load_file(next((run / "video" / part).glob("*.safetensors")))
+    return weights_in(run / "video" / part)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from paradiff.builtin.train import THREADS
 
@@ -21,3 +23,8 @@ def as_the_script(train: Callable, *args, **kwargs) -> None:
         train(*args, **kwargs)
     finally:
         torch.set_num_threads(threads)
+
+
+def weights_in(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the one safetensors file a written model folder holds."""
+    return load_file(next(folder.glob("*.safetensors")))
