@@ -328,7 +328,7 @@ def video_pipe():
 
 
 #: Half of the held-out prompts, each colour in two directions and each direction in three colours (the 24 are
-#: every colour in every direction, in that order); the suite draws these, which takes a minute here.
+#: every colour in every direction, in that order); the suite draws these, which takes about 40 s here.
 CHECKED_PROMPTS = tuple(prompt for i, prompt in enumerate(TEST_PROMPTS) if (i + i // len(DIRECTIONS)) % 2 == 0)
 
 
