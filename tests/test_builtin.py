@@ -18,7 +18,16 @@ from training_runs import as_the_script, weights_in
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
 from paradiff.builtin.configs import build_dit, build_tokenizer
 from paradiff.builtin.follow import judge, rates
-from paradiff.builtin.scenes import BACKGROUNDS, COLOURS, HELD_OUT_PROMPTS, PLACES, SHAPES, VOCABULARY, make_scenes
+from paradiff.builtin.scenes import (
+    BACKGROUNDS,
+    COLOURS,
+    HELD_OUT_PROMPTS,
+    PLACES,
+    SHAPES,
+    VOCABULARY,
+    asked_scene,
+    make_scenes,
+)
 from paradiff.builtin.train import mirrored, train, with_written_weights
 from paradiff.builtin.vocabulary import KNOWN_WORDS, SUGGESTIONS
 from paradiff.errors import ParadiffError, ParadiffWarning
@@ -69,6 +78,13 @@ def test_the_analysis_reads_drawn_scenes_correctly():
             assert where_is(image, shape.colour) == shape.place, scene.caption
         absent = next(colour for colour in COLOURS if colour not in {s.colour for s in scene.shapes})
         assert where_is(image, absent) is None
+
+
+def test_the_asked_scene_of_each_held_out_prompt_is_drawn_as_it_asks_and_a_prompt_without_its_size_is_refused():
+    for prompt in HELD_OUT_PROMPTS:
+        assert all(judge(asked_scene(prompt).draw(), prompt).values()), prompt
+    with pytest.raises(ValueError, match="size and background"):
+        asked_scene("a red circle at the top on a white background")
 
 
 def test_mirrored_caption_swaps_left_and_right():

@@ -14,7 +14,15 @@ from scene_analysis import motion_misses
 from training_runs import as_the_script, weights_in
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
-from paradiff.builtin.clips import DIRECTION_TOKENS, DIRECTIONS, MOTION_WORDS, TEST_MOTIONS, TEST_PROMPTS, make_clips
+from paradiff.builtin.clips import (
+    DIRECTION_TOKENS,
+    DIRECTIONS,
+    MOTION_WORDS,
+    TEST_MOTIONS,
+    TEST_PROMPTS,
+    make_clips,
+    middle_clip,
+)
 from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.follow import judge_clip, rates
 from paradiff.builtin.scenes import COLOURS, SIZES
@@ -77,6 +85,11 @@ def test_the_analysis_reads_drawn_clips_correctly():
         assert motion_misses(frames[::-1], clip.motion.caption()), "played backwards, it moves the other way"
         still = np.repeat(frames[:1], FRAMES, axis=0)
         assert motion_misses(still, clip.motion.caption()), "a shape that does not move does not follow"
+
+
+def test_the_middle_clip_of_each_held_out_motion_is_drawn_as_its_prompt_asks():
+    for motion in TEST_MOTIONS:
+        assert all(judge_clip(middle_clip(motion).draw(128), motion.caption()).values()), motion.caption()
 
 
 def test_directions_are_classes_of_the_text_encoder_and_pictures_have_none():

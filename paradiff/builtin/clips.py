@@ -148,8 +148,19 @@ def random_clip(rng: random.Random) -> Clip:
             break
     caption = motion.caption(with_size=rng.random() < 0.8, with_background=rng.random() < 0.85)
     jitter = [rng.uniform(-JITTER, JITTER) for _ in range(3)]
-    first, last, across = (EDGE + jitter[0], 1 - EDGE + jitter[1], 0.5 + jitter[2])
-    dx, dy = DIRECTIONS[direction]
+    return _clip_along(motion, caption, EDGE + jitter[0], 1 - EDGE + jitter[1], 0.5 + jitter[2])
+
+
+def middle_clip(motion: Motion) -> Clip:
+    """The clip of ``motion`` with its full caption along the middle of the frame, no jitter: what its prompt asks
+    for, drawn as the training clips are."""
+    return _clip_along(motion, motion.caption(), EDGE, 1 - EDGE, 0.5)
+
+
+def _clip_along(motion: Motion, caption: str, first: float, last: float, across: float) -> Clip:
+    """The clip whose shape's centre goes from ``first`` to ``last`` of the side along its direction's axis,
+    measured from the edge it leaves, at ``across`` on the other axis."""
+    dx, dy = DIRECTIONS[motion.direction]
     along = (first, last) if dx + dy > 0 else (1 - first, 1 - last)
     start, end = ((a, across) for a in along) if dx else ((across, a) for a in along)
     return Clip(motion, caption, start, end)

@@ -184,6 +184,18 @@ def shapes_named(caption: str) -> list[tuple[str, str, str]]:
     return named
 
 
+def asked_scene(prompt: str) -> Scene:
+    """The scene a one-shape prompt that names its size and background asks for, drawn as the training scenes are
+    (no jitter)."""
+    named = shapes_named(prompt)
+    size = next((word for word in prompt.split() if word in SIZES), None)
+    background = next((name for name in BACKGROUNDS if prompt.endswith(f"on a {name} background")), None)
+    if len(named) != 1 or size is None or background is None:
+        raise ValueError(f"{prompt!r} is not one shape with its size and background named")
+    kind, colour, place = named[0]
+    return Scene((Shape(kind, colour, size, place),), background, prompt, ((0.0, 0.0),))
+
+
 _HELD_OUT_SHAPES = {shape for prompt in HELD_OUT_PROMPTS for shape in shapes_named(prompt)}
 
 
