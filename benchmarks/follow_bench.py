@@ -44,6 +44,8 @@ from paradiff.builtin.train import to_pixels
 from paradiff.loading import TRAINED_MODELS, load_pipeline
 
 PICTURE_MODELS = [model for model, kind in TRAINED_MODELS.items() if kind != "video"]
+#: The per-kind lines printed under a model's row: result key -> label.
+BY_KIND_LINES = {"shape_by_kind": "shape right by asked kind", "frames_by_kind": "frames read as the asked kind"}
 
 
 def draw_all(
@@ -93,7 +95,7 @@ def started_from_asked(pipe, kind: str, chunk: list[tuple[str, int]], steps: int
 
 def asked_kind_shares(clips: list[np.ndarray], calls: list[tuple[str, int]]) -> dict[str, float]:
     """Per asked kind, the share of all its clips' frames whose shape reads as that kind."""
-    shares: dict[str, list[float]] = {}
+    shares: dict[str, list[bool]] = {}
     for clip, (prompt, _) in zip(clips, calls, strict=True):
         kind = next(word for word in prompt.split() if word in SHAPES)
         shares.setdefault(kind, []).extend(read(frame).kind == kind for frame in clip)
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         print("|---|---|---|---|" + "---|" * (len(r["checks"]) + 1))
         shares = " | ".join(f"{100 * r['rates'][check]:.0f}%" for check in (*r["checks"], "all"))
         print(f"| {r['model']} | {r['size']} px | {r['guidance']:g} | {r['drawn']} | {shares} |")
-        for key, label in (("shape_by_kind", "shape right by asked kind"), ("frames_by_kind", "frames read as it")):
+        for key, label in BY_KIND_LINES.items():
             if key in r:
                 print(f"{label}: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r[key].items()))
     run = {"seeds": seeds, "steps": args.steps, "from_step": args.from_step}
