@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import sys
 import types
@@ -11,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from diffusers import DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
 from scene_analysis import asked_by, misses, where_is
 from training_runs import as_the_script, weights_in
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
-from paradiff.builtin.configs import build_dit, build_tokenizer
+from paradiff.builtin.configs import build_dit, build_tokenizer, build_vae
 from paradiff.builtin.follow import judge, rates
 from paradiff.builtin.scenes import (
     BACKGROUNDS,
@@ -28,7 +30,16 @@ from paradiff.builtin.scenes import (
     asked_scene,
     make_scenes,
 )
-from paradiff.builtin.train import mirrored, train, with_written_weights
+from paradiff.builtin.train import (
+    VAE_CONTRAST_MARGIN,
+    contrast_shortfall,
+    mirrored,
+    train,
+    train_vae,
+    vae_views,
+    view_shape_regions,
+    with_written_weights,
+)
 from paradiff.builtin.vocabulary import KNOWN_WORDS, SUGGESTIONS
 from paradiff.errors import ParadiffError, ParadiffWarning
 from paradiff.loading import TRAINED_MODELS, load_pipeline, prompt_kwargs
@@ -296,7 +307,7 @@ def test_the_training_script_refuses_a_run_that_trains_nothing(short_run, tmp_pa
 
 @pytest.mark.parametrize(
     ("weight", "refusal"),
-    [("-5", "-5 is below 0; give 0 (no extra weight on the shapes) or more"), ("much", "'much' is no number")],
+    [("-5", "-5 is below 0; give 0 (no extra weight) or more"), ("much", "'much' is no number")],
 )
 def test_the_training_script_refuses_a_shape_weight_that_is_no_weight(tmp_path, capsys, weight, refusal):
     import paradiff.builtin.train as training
@@ -304,6 +315,38 @@ def test_the_training_script_refuses_a_shape_weight_that_is_no_weight(tmp_path, 
     with pytest.raises(SystemExit):
         training.main(["--out", str(tmp_path), "--shape-weight", weight])
     assert f"argument --shape-weight: {refusal}" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+def test_the_contrast_shortfall_is_the_margin_squared_for_latents_blind_to_shapes_and_zero_for_ones_showing_them():
+    views = vae_views(random.Random(2))
+    regions = F.adaptive_avg_pool2d(view_shape_regions(views), 16)
+    assert any(len(scene.shapes) == 1 for scene, _, _ in views)
+    blind = torch.randn(len(views), 4, 1, 1, generator=torch.Generator().manual_seed(0)).expand(-1, -1, 16, 16)
+    assert contrast_shortfall(views, blind) == pytest.approx(VAE_CONTRAST_MARGIN**2)
+    showing = regions.expand(-1, 4, -1, -1) + 0.01 * blind
+    assert contrast_shortfall(views, showing) == 0
+    two_shapes = [view for view in vae_views(random.Random(5)) if len(view[0].shapes) == 2]
+    assert contrast_shortfall(two_shapes, blind[: len(two_shapes)]) == 0, "no one-shape view: nothing to count"
+
+
+def test_the_vae_stage_trains_on_the_contrast_term_only_when_asked():
+    trained = {}
+    for contrast in (0.0, 0.0, 50.0):
+        torch.manual_seed(0)
+        vae = build_vae()
+        train_vae(vae, 2, seed=3, contrast=contrast)
+        trained.setdefault(contrast, []).append(vae.encoder.conv_in.weight.detach().clone())
+    assert torch.equal(*trained[0.0]), "seeded: the same run twice gives the same weights"
+    assert not torch.equal(trained[0.0][0], trained[50.0][0])
+
+
+def test_the_training_script_refuses_a_vae_contrast_beside_a_reused_vae(short_run, tmp_path, capsys):
+    import paradiff.builtin.train as training
+
+    with pytest.raises(SystemExit):
+        training.main(["--out", str(tmp_path), "--encoders", str(short_run / "sd"), "--vae-contrast", "1"])
+    assert "--vae-contrast weighs the VAE's training, and --encoders reuses a trained VAE" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "nothing is written"
 
 

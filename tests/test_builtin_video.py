@@ -302,7 +302,7 @@ def test_stage_5_draws_each_shapes_clips_in_proportion_to_its_kind_draw_weight()
         (["--kind-draw", "triangle=0"], "argument --kind-draw: triangle's weight 0 is not above 0"),
         (["--kind-draw", "triangle=a lot"], "argument --kind-draw: triangle's weight 'a lot' is no number"),
         (["--kind-draw", "triangle=3", "--kind-tune", "0"], "--kind-draw weighs stage 5's draw, which --kind-tune 0"),
-        (["--shape-weight", "-1"], "argument --shape-weight: -1 is below 0; give 0 (no extra weight on the shapes)"),
+        (["--shape-weight", "-1"], "argument --shape-weight: -1 is below 0; give 0 (no extra weight)"),
     ],
 )
 def test_the_training_script_refuses_a_stage_5_setting_it_cannot_use(tmp_path, capsys, flags, refusal):

@@ -78,6 +78,9 @@ from .scenes import PLACES, Scene, make_scenes, shows_held_out
 
 #: Optimizer steps (batch size) of each stage at ``--scale 1``.
 VAE_STEPS, VAE_BATCH, VAE_CROP = 2000, 8, 128
+#: ``--vae-contrast``'s margin: how far, in the batch's latent standard deviations, a shape's latents must lie from
+#: those of its bare background.
+VAE_CONTRAST_MARGIN = 2.0
 DATASET_SCENES = 2500
 TEXT_STEPS, TEXT_BATCH = 600, 64
 UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
@@ -106,14 +109,14 @@ SHARED_COMPONENTS = ("vae", "text_encoder", "tokenizer")
 DENOISERS = ("unet", "dit")
 
 
-def parse_shape_weight(text: str) -> float:
-    """``--shape-weight``'s value: a loss weight, so 0 (no extra weight on the shapes) or more."""
+def parse_loss_weight(text: str) -> float:
+    """``--shape-weight``'s (or ``--vae-contrast``'s) value: a loss weight, so 0 (no extra weight) or more."""
     try:
         weight = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is no number; give one, e.g. 5") from None
     if not weight >= 0:
-        raise argparse.ArgumentTypeError(f"{text} is below 0; give 0 (no extra weight on the shapes) or more, e.g. 5")
+        raise argparse.ArgumentTypeError(f"{text} is below 0; give 0 (no extra weight) or more, e.g. 5")
     return weight
 
 
@@ -227,15 +230,37 @@ def view_shape_regions(views: list[View]) -> torch.Tensor:
     return torch.from_numpy(regions).float()[:, None]
 
 
-def train_vae(vae, steps: int, seed: int) -> None:
+def contrast_shortfall(views: list[View], means: torch.Tensor, margin: float = VAE_CONTRAST_MARGIN) -> torch.Tensor:
+    """The mean squared shortfall of each one-shape view's contrast below ``margin``: the distance between its latent
+    means inside its shape and on its bare background, in the batch's latent standard deviations (0 when every view
+    clears the margin, or none has one shape with both regions in view)."""
+    regions = F.adaptive_avg_pool2d(view_shape_regions(views), means.shape[-2:])[:, 0]
+    spread = means.std().detach()
+    shortfalls = []
+    for (scene, _, _), latents, region in zip(views, means, regions, strict=True):
+        inside, bare = region > 0.95, region < 0.01
+        if len(scene.shapes) == 1 and inside.any() and bare.any():
+            gap = (latents[:, inside].mean(1) - latents[:, bare].mean(1)).norm() / spread
+            shortfalls.append(F.relu(margin - gap) ** 2)
+    return torch.stack(shortfalls).mean() if shortfalls else means.new_zeros(())
+
+
+def train_vae(vae, steps: int, seed: int, contrast: float = 0.0) -> None:
+    """The VAE; with ``contrast``, the loss also counts :func:`contrast_shortfall` that many times.
+
+    Trained on reconstruction alone, it put some shape colours' latents next to their background's (yellow on white,
+    purple on gray, green on black), and a denoiser's loss, which counts an error by the square of that distance,
+    then learns those outlines last (``benchmarks/latent_contrast.py``)."""
     rng = random.Random(seed)
 
     def loss_at(step: int) -> torch.Tensor:
-        pixels = view_pixels(vae_views(rng))
+        views = vae_views(rng)
+        pixels = view_pixels(views)
         posterior = vae.encode(pixels).latent_dist
         recon = vae.decode(posterior.sample()).sample
         kl = posterior.kl().mean() / pixels[0].numel()
-        return F.l1_loss(recon, pixels) + F.mse_loss(recon, pixels) + 1e-4 * kl
+        loss = F.l1_loss(recon, pixels) + F.mse_loss(recon, pixels) + 1e-4 * kl
+        return loss + contrast * contrast_shortfall(views, posterior.mean) if contrast else loss
 
     optimise(vae.parameters(), steps, 1e-3, loss_at, "vae")
 
@@ -580,6 +605,7 @@ def train(
     shape_weight: float = 0.0,
     decoder_tune: int = 0,
     tune_from: Path | None = None,
+    vae_contrast: float = 0.0,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
     ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
@@ -591,7 +617,7 @@ def train(
     :func:`tune_decoder` follow the text encoder (with ``encoders`` and no ``denoisers``, only they run, and the
     encoders' folder is written with the new VAE); with ``tune_from`` (a written model folder, trained on
     ``encoders``) the ``denoisers`` are its own, their training stages do not run, and their tuning stages go on
-    from them (``tune(..., retune=True)``)."""
+    from them (``tune(..., retune=True)``); ``vae_contrast`` is :func:`train_vae`'s ``contrast``."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -601,7 +627,7 @@ def train(
     text_encoder, vae = build_text_encoder(tokenizer), build_vae()
     if encoders is None:
         torch.manual_seed(seed + 1)
-        train_vae(vae, scaled(VAE_STEPS), seed + 1)
+        train_vae(vae, scaled(VAE_STEPS), seed + 1, vae_contrast)
     else:
         vae = with_written_weights(vae, encoders / "vae")
         vae.register_to_config(scaling_factor=AutoencoderKL.load_config(encoders / "vae")["scaling_factor"])
@@ -711,7 +737,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--shape-weight",
-        type=parse_shape_weight,
+        type=parse_loss_weight,
         default=0.0,
         help="the tuning stages also count the loss this many times more where the shape's colour shows (default: 0)",
     )
@@ -727,7 +753,16 @@ def main(argv: list[str] | None = None) -> None:
         help="a written model folder (trained on --encoders): its denoisers skip their training stage and take "
         "--dit-tune / --unet-tune steps more from its weights, at a lower learning rate",
     )
+    parser.add_argument(
+        "--vae-contrast",
+        type=parse_loss_weight,
+        default=0.0,
+        help="the VAE's loss also counts this many times how far each shape's latents fall short of lying "
+        f"{VAE_CONTRAST_MARGIN:g} latent deviations from its background's (default: 0)",
+    )
     args = parser.parse_args(argv)
+    if args.encoders is not None and args.vae_contrast:
+        parser.error("--vae-contrast weighs the VAE's training, and --encoders reuses a trained VAE; give one of them")
     if args.encoders is None and (tuple(args.denoisers) != DENOISERS or args.tune_from):
         parser.error("--denoisers and --tune-from need --encoders (the VAE and text encoder the denoisers train on)")
     if not args.denoisers and not args.decoder_tune:
@@ -757,6 +792,7 @@ def main(argv: list[str] | None = None) -> None:
             args.shape_weight,
             args.decoder_tune,
             args.tune_from,
+            args.vae_contrast,
         )
     except ParadiffError as error:
         parser.error(str(error))

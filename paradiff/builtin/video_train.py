@@ -71,7 +71,7 @@ from .train import (
     _save_in_float16,
     log,
     optimise,
-    parse_shape_weight,
+    parse_loss_weight,
     round_to_float16,
     to_pixels,
     token_ids,
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--high-noise-steps", type=int, help=f"stage 4's (default: the scaled {HIGH_NOISE_STEPS})")
     parser.add_argument("--kind-tune", type=int, help=f"stage 5's (default: the scaled {KIND_TUNE_STEPS}; 0: none)")
     parser.add_argument(
-        "--shape-weight", type=parse_shape_weight, default=0.0, help="stage 5's extra loss weight on the shapes"
+        "--shape-weight", type=parse_loss_weight, default=0.0, help="stage 5's extra loss weight on the shapes"
     )
     parser.add_argument(
         "--kind-draw", type=parse_kind_draw, help="stage 5 draws each shape's clips this much more, e.g. triangle=3"
