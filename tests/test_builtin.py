@@ -558,7 +558,9 @@ def test_unknown_words_warn_naming_them_and_listing_the_vocabulary():
         assert call_kwargs("sd", EXAMPLE_PROMPTS[1]) == {"prompt": EXAMPLE_PROMPTS[1], "guidance_scale": 2.0}
     with pytest.warns(ParadiffWarning, match="'zebra'"):
         call_kwargs("pixart", "a zebra")
-    assert call_kwargs("pixart", "a red circle", warn=False)["use_resolution_binning"] is False
+    pixart = call_kwargs("pixart", "a red circle", warn=False)
+    assert pixart["use_resolution_binning"] is False
+    assert pixart["clean_caption"] is False  # PixArt's cleaning needs bs4 and ftfy, and only warns without them
 
 
 def test_suggestions_name_known_words_for_unknown_ones():

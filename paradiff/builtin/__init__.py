@@ -65,9 +65,9 @@ def call_kwargs(kind: str, prompt: str, warn: bool = True) -> dict:
 
     The prompt at the built-in guidance (:data:`GUIDANCE_SCALE`); for PixArt also
     ``use_resolution_binning=False``, so it draws at the asked size (the pipeline's default draws at
-    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture); for the
-    video model ``clean_caption=False`` (Latte's default cleaning needs ``bs4`` and ``ftfy`` and would
-    only warn without them). With ``warn``, words the model does not know are warned about
+    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture); for both
+    transformers ``clean_caption=False`` (PixArt's and Latte's default cleaning needs ``bs4`` and ``ftfy`` and
+    would only warn without them, once per call). With ``warn``, words the model does not know are warned about
     (:func:`warn_unknown_words`, rank 0 only).
     """
     if kind not in PIPELINES:
@@ -77,6 +77,6 @@ def call_kwargs(kind: str, prompt: str, warn: bool = True) -> dict:
     kwargs = {"prompt": prompt, "guidance_scale": GUIDANCE_SCALE[kind]}
     if kind == "pixart":
         kwargs["use_resolution_binning"] = False
-    if kind == "video":
+    if kind in ("pixart", "video"):
         kwargs["clean_caption"] = False
     return kwargs
