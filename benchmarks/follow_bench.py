@@ -109,10 +109,18 @@ def write_grid(images: list[np.ndarray], columns: int, path: Path) -> None:
     Image.fromarray((np.concatenate(rows, 0) * 255).round().astype(np.uint8)).save(path)
 
 
+def with_weights(pipe, kind: str, folder: Path) -> None:
+    """``pipe``'s denoiser, and its VAE where ``folder`` holds one, from ``folder`` (a training run's pipeline): a
+    denoiser drawn through a VAE other than the one it learned on reads as noise."""
+    denoiser = "unet" if kind == "sd" else "transformer"
+    for part in (denoiser, "vae") if (folder / "vae").is_dir() else (denoiser,):
+        setattr(pipe, part, type(getattr(pipe, part)).from_pretrained(folder / part))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PICTURE_MODELS), help="comma-separated built-in models")
-    parser.add_argument("--weights", type=Path, help="with one model: its denoiser from this pipeline folder instead")
+    parser.add_argument("--weights", type=Path, help="with one model: its denoiser and VAE from this pipeline folder")
     parser.add_argument("--prompts", type=int, default=len(HELD_OUT_PROMPTS))
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
@@ -147,8 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         prompts = list((TEST_PROMPTS if video else SEEN_PROMPTS if args.seen else HELD_OUT_PROMPTS)[: args.prompts])
         pipe = load_pipeline(model)
         if args.weights:
-            denoiser = "unet" if kind == "sd" else "transformer"
-            setattr(pipe, denoiser, type(getattr(pipe, denoiser)).from_pretrained(args.weights / denoiser))
+            with_weights(pipe, kind, args.weights)
         pipe.set_progress_bar_config(disable=True)
         calls = [(prompt, seed) for prompt in prompts for seed in seeds]
         size = DEFAULT_SIZE[kind] if args.size is None else args.size

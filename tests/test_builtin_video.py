@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import LattePipeline
+from diffusers import AutoencoderKL, LattePipeline
 from scene_analysis import motion_misses
 from training_runs import as_the_script, weights_in
 
@@ -194,6 +194,40 @@ def test_tuning_a_written_video_model_again_runs_stage_5_alone_from_its_dit(shor
     assert all(torch.equal(kept[name], tensor) for name, tensor in encoder.items())
 
 
+@pytest.mark.timeout(300)
+def test_a_tuning_with_vae_tune_encodes_with_the_tuned_vae_and_ships_it_and_a_later_tuning_keeps_it(
+    short_video_run, tmp_path, monkeypatch
+):
+    """``--vae-tune 2 --vae-contrast 0.1``: the VAE is tuned (``train.retune_vae``) before the clips are encoded with
+    it, and ``video/vae`` holds it instead of the link to the pictures'; tuned again without the option, the model
+    keeps the VAE it has."""
+    import paradiff.builtin.train as training
+    import paradiff.builtin.video_train as video_training
+
+    monkeypatch.setattr(training, "VAE_SCALE_SCENES", 32)
+    encoded_with = []
+
+    def encode_clips(vae, *args):
+        encoded_with.append(vae.config.scaling_factor)
+        return unrecorded(vae, *args)
+
+    unrecorded = video_training.encode_clips
+    monkeypatch.setattr(video_training, "encode_clips", encode_clips)
+    flags = ["--scale", "0.001", "--size", "128", "--kind-tune", "2"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    main(["--out", str(first), "--tune-from", str(short_video_run), *flags, "--vae-tune", "2", "--vae-contrast", "0.1"])
+    vae = first / "video" / "vae"
+    assert vae.is_dir() and not vae.is_symlink(), "the tuned VAE ships with the video model"
+    scale = LattePipeline.from_pretrained(first / "video").vae.config.scaling_factor
+    assert encoded_with == [scale] and scale != AutoencoderKL.load_config(WEIGHTS / "sd" / "vae")["scaling_factor"]
+    pictures, tuned = weights_in(WEIGHTS / "sd" / "vae"), weights_in(vae)
+    assert not all(torch.equal(tuned[name], pictures[name]) for name in pictures), "the VAE was tuned"
+    main(["--out", str(second), "--tune-from", str(first), *flags])
+    kept = second / "video" / "vae"
+    assert not kept.is_symlink() and encoded_with == [scale, scale]
+    assert all(torch.equal(tensor, tuned[name]) for name, tensor in weights_in(kept).items()), "the VAE is kept"
+
+
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
@@ -303,6 +337,8 @@ def test_stage_5_draws_each_shapes_clips_in_proportion_to_its_kind_draw_weight()
         (["--kind-draw", "triangle=a lot"], "argument --kind-draw: triangle's weight 'a lot' is no number"),
         (["--kind-draw", "triangle=3", "--kind-tune", "0"], "--kind-draw weighs stage 5's draw, which --kind-tune 0"),
         (["--shape-weight", "-1"], "argument --shape-weight: -1 is below 0; give 0 (no extra weight)"),
+        (["--vae-contrast", "0.1"], "--vae-contrast weighs --vae-tune's loss; give --vae-tune N steps"),
+        (["--vae-tune", "-3"], "--vae-tune -3 is below 0; give a number of steps, e.g. 300"),
     ],
 )
 def test_the_training_script_refuses_a_stage_5_setting_it_cannot_use(tmp_path, capsys, flags, refusal):

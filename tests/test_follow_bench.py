@@ -10,7 +10,7 @@ import pytest
 import torch
 from benchmark_scripts import load_script
 
-from paradiff.builtin import DEFAULT_SIZE
+from paradiff.builtin import DEFAULT_SIZE, WEIGHTS
 from paradiff.builtin.clips import TEST_MOTIONS, TEST_PROMPTS, middle_clip
 from paradiff.builtin.follow import CHECKS, judge, judge_clip
 from paradiff.builtin.scenes import SEEN_PROMPTS, SHAPES, asked_scene
@@ -36,6 +36,20 @@ def test_a_quick_run_on_the_seen_prompts_writes_the_rates_of_the_pictures_it_dre
     assert result["rates"] == pytest.approx(expected | {"all": 1 - len(missed) / 4})
     shares = " | ".join(f"{100 * result['rates'][check]:.0f}%" for check in (*CHECKS, "all"))
     assert f"| paradiff-tiny | 128 px | 2 | 4 | {shares} |" in capsys.readouterr().out
+
+
+def test_other_weights_bring_their_vae_where_their_folder_holds_one(follow_bench, tmp_path):
+    """``--weights DIR``: DIR's denoiser, and DIR's VAE when it has one (a video model tuned with ``--vae-tune``)."""
+    pipe = load_pipeline("paradiff-tiny-video")
+    shipped = pipe.vae.config.scaling_factor
+    (tmp_path / "transformer").symlink_to(WEIGHTS / "video" / "transformer")
+    follow_bench.with_weights(pipe, "video", tmp_path)
+    assert pipe.vae.config.scaling_factor == shipped, "no VAE in the folder: the model's own is kept"
+    pipe.vae.register_to_config(scaling_factor=0.5)
+    pipe.vae.save_pretrained(tmp_path / "vae")
+    pipe = load_pipeline("paradiff-tiny-video")
+    follow_bench.with_weights(pipe, "video", tmp_path)
+    assert pipe.vae.config.scaling_factor == 0.5
 
 
 def test_seen_prompts_with_the_video_model_are_refused_before_any_pipeline_loads(follow_bench, monkeypatch, tmp_path):

@@ -37,7 +37,13 @@ drawing 256 px frames, its training size: 16x16 tokens each. Stages, each seeded
    (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its state in ``video-dit-retune.pt``. ``--kind-draw`` draws the
    clips of the shapes it names more often (e.g. ``square=2,triangle=3``: the kinds the model gets wrong most).
 
-The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``).
+``--vae-tune N --vae-contrast W`` first tunes the VAE N steps from its weights (``train.retune_vae``), its loss
+counting W times how far each shape's latents fall short of standing apart from its background's, and encodes the
+clips with it: the pictures' VAE puts yellow and orange next to white and purple next to gray, and the video model
+draws those shapes worst.
+
+The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``, or with
+``--vae-tune``, or from a model that has one, its own VAE).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
 
@@ -72,6 +78,7 @@ from .train import (
     log,
     optimise,
     parse_loss_weight,
+    retune_vae,
     round_to_float16,
     to_pixels,
     token_ids,
@@ -90,6 +97,8 @@ HIGH_NOISE_STEPS, HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 1000, 0.5, 700
 #: Run again from a written model (``--tune-from``), it keeps that peak: unlike the pictures' finished tunings, whose
 #: retune runs at a share of theirs, the shipped video model's shape rate was still climbing at its last step.
 KIND_TUNE_STEPS, KIND_TUNE_LR = 2700, 0.3 * VIDEO_LR
+#: The seed offset of the VAE's tuning (``--vae-tune``), before the clips are encoded.
+VAE_TUNE_SEED = 11
 
 
 def extend_text_encoder(text_encoder: CLIPTextModel, tokenizer) -> CLIPTextModel:
@@ -237,8 +246,9 @@ def video_dit_from(dit: PixArtTransformer2DModel):
     return video_dit
 
 
-def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit) -> None:
-    """``video/`` links the pictures' VAE (``../sd/vae`` beside it, else ``pictures``' own) instead of a copy."""
+def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit, own_vae: bool = False) -> None:
+    """``video/`` links the pictures' VAE (``../sd/vae`` beside it, else ``pictures``' own) instead of a copy; with
+    ``own_vae`` (a VAE tuned for the video model) it holds ``vae`` itself."""
     folder = out / "video"
     if folder.exists():
         shutil.rmtree(folder)
@@ -246,6 +256,8 @@ def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit) -> 
         tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=dit, scheduler=build_scheduler("pixart")
     )
     _save_in_float16(pipe, folder)
+    if own_vae:
+        return
     shutil.rmtree(folder / "vae")
     beside = Path("..") / "sd" / "vae"
     target = beside if (folder / beside).is_dir() else (pictures / "sd" / "vae").resolve()
@@ -266,6 +278,8 @@ def train(
     shape_weight: float = 0.0,
     tune_from: Path | None = None,
     kind_draw: dict[str, float] | None = None,
+    vae_tune: int = 0,
+    vae_contrast: float = 0.0,
 ) -> None:
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
     px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips; with
@@ -275,7 +289,9 @@ def train(
     ``video_steps``, ``high_noise_steps`` and ``kind_tune_steps`` (default: the scaled :data:`VIDEO_STEPS`,
     :data:`HIGH_NOISE_STEPS` and :data:`KIND_TUNE_STEPS`) are stages 3, 4 and 5's steps; with ``checkpoints``
     each saves its state there every :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run
-    goes on from it (stages 1 and 2 run again: they take minutes and are seeded)."""
+    goes on from it (stages 1 and 2 run again: they take minutes and are seeded). The clips are encoded with the
+    pictures' VAE, or the written folder's; with ``vae_tune``, that VAE first tuned ``vae_tune`` steps
+    (``train.retune_vae``, its contrast term counted ``vae_contrast`` times), and written with the model."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -283,9 +299,13 @@ def train(
     def resumable(name: str, modules: dict, generator: torch.Generator) -> Resumable | None:
         return Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
 
-    vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
+    written = resume or tune_from  # a video folder to go on from: its VAE is the one its DiT learned on
+    vae = AutoencoderKL.from_pretrained((written or pictures / "sd") / "vae")
+    if vae_tune:
+        retune_vae(vae, vae_tune, seed + VAE_TUNE_SEED, vae_contrast, scale_seed=seed + 2)
+    vae.requires_grad_(False).eval()
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
-    if resume is None and tune_from is None:
+    if written is None:
         tokenizer, text_encoder, dit = _stages_1_and_2(clips, scale, seed, pictures)
         latents = encode_clips(vae, clips, size)
         torch.manual_seed(seed + 2)
@@ -297,12 +317,11 @@ def train(
         train_video_dit(video_dit, text_encoder, batches, steps, stage_3)
         round_to_float16(video_dit)  # as stage 3's weights ship: a resumed stage 4 starts from the same ones
     else:
-        folder = resume or tune_from
-        text_encoder = CLIPTextModel.from_pretrained(folder / "text_encoder").requires_grad_(False).eval()
+        text_encoder = CLIPTextModel.from_pretrained(written / "text_encoder").requires_grad_(False).eval()
         tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)  # as stage 1's: a loaded one saves more
         dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
-        hint = f"give the --pictures folder {folder} was trained from"
-        video_dit = with_written_weights(build_video_dit(dit, FRAMES), folder / "transformer", hint)
+        hint = f"give the --pictures folder {written} was trained from"
+        video_dit = with_written_weights(build_video_dit(dit, FRAMES), written / "transformer", hint)
         latents = encode_clips(vae, clips, size)
     if tune_from is None:
         torch.manual_seed(seed + 4)
@@ -323,7 +342,8 @@ def train(
         tuning = resumable(name, {"video_dit": video_dit, "average": average}, generator)
         train_video_dit(video_dit.train(), text_encoder, batches, kind_tune_steps, tuning, KIND_TUNE_LR, average)
         video_dit = average
-    save_video(out, pictures, tokenizer, text_encoder, vae, video_dit.eval())
+    own_vae = vae_tune > 0 or (written is not None and not (written / "vae").is_symlink())
+    save_video(out, pictures, tokenizer, text_encoder, vae, video_dit.eval(), own_vae)
 
 
 def _stages_1_and_2(clips: list[Clip], scale: float, seed: int, pictures: Path) -> tuple:
@@ -361,6 +381,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run stage 5 alone, again")
     parser.add_argument("--checkpoints", type=Path, help="save stages 3-5's states here and go on from them")
+    parser.add_argument("--vae-tune", type=int, default=0, help="first tune the VAE N steps; the model ships it")
+    parser.add_argument(
+        "--vae-contrast", type=parse_loss_weight, default=0.0, help="--vae-tune's weight on the shapes' contrast"
+    )
     args = parser.parse_args(argv)
     if args.size % 16:
         parser.error(f"--size {args.size} is not a multiple of 16 (the VAE's 8 x the DiT's 2x2 patches); use 256")
@@ -376,6 +400,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
         if not (args.tune_from / "video" / "model_index.json").is_file():
             parser.error(f"--tune-from {args.tune_from} holds no video/ pipeline; give a paradiff-tiny folder")
+    if args.vae_contrast and not args.vae_tune:
+        parser.error("--vae-contrast weighs --vae-tune's loss; give --vae-tune N steps (e.g. 300) with it")
+    if args.vae_tune < 0:
+        parser.error(f"--vae-tune {args.vae_tune} is below 0; give a number of steps, e.g. 300 (0: the VAE as it is)")
     if args.kind_draw and args.kind_tune == 0:
         parser.error("--kind-draw weighs stage 5's draw, which --kind-tune 0 leaves out; leave one of them out")
     torch.set_num_threads(args.threads)
@@ -395,6 +423,8 @@ def main(argv: list[str] | None = None) -> None:
             checkpoints=args.checkpoints,
             tune_from=tune_from,
             kind_draw=args.kind_draw,
+            vae_tune=args.vae_tune,
+            vae_contrast=args.vae_contrast,
         )
     except ParadiffError as error:
         parser.error(str(error))
