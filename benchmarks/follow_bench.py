@@ -111,7 +111,7 @@ def write_grid(images: list[np.ndarray], columns: int, path: Path) -> None:
 
 def with_weights(pipe, kind: str, folder: Path) -> None:
     """``pipe``'s denoiser, and its VAE where ``folder`` holds one, from ``folder`` (a training run's pipeline): a
-    denoiser drawn through a VAE other than the one it learned on reads as noise."""
+    denoiser's latents decoded by a VAE other than the one it learned on come out in that VAE's scale and colours."""
     denoiser = "unet" if kind == "sd" else "transformer"
     for part in (denoiser, "vae") if (folder / "vae").is_dir() else (denoiser,):
         setattr(pipe, part, type(getattr(pipe, part)).from_pretrained(folder / part))

@@ -76,14 +76,14 @@ from .configs import (
 )
 from .scenes import PLACES, Scene, make_scenes, shows_held_out
 
-#: Optimizer steps (batch size) of each stage at ``--scale 1``.
-VAE_STEPS, VAE_BATCH, VAE_CROP = 2000, 8, 128
+#: Optimizer steps (batch size) of each stage at ``--scale 1``, and the VAE's peak learning rate.
+VAE_STEPS, VAE_BATCH, VAE_CROP, VAE_LR = 2000, 8, 128, 1e-3
 #: ``--vae-contrast``'s margin: how far, in the batch's latent standard deviations, a shape's latents must lie from
 #: those of its bare background.
 VAE_CONTRAST_MARGIN = 2.0
 #: A trained VAE tuned further (:func:`retune_vae`): its peak learning rate (a fifth of the first training's, so that
 #: its latents stay close to those the denoisers learned on), and the scenes its scale is set from.
-VAE_RETUNE_LR, VAE_SCALE_SCENES = 2e-4, 256
+VAE_RETUNE_LR, VAE_SCALE_SCENES = VAE_LR / 5, 256
 DATASET_SCENES = 2500
 TEXT_STEPS, TEXT_BATCH = 600, 64
 UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
@@ -248,7 +248,7 @@ def contrast_shortfall(views: list[View], means: torch.Tensor, margin: float = V
     return torch.stack(shortfalls).mean() if shortfalls else means.new_zeros(())
 
 
-def train_vae(vae, steps: int, seed: int, contrast: float = 0.0, peak_lr: float = 1e-3) -> None:
+def train_vae(vae, steps: int, seed: int, contrast: float = 0.0, peak_lr: float = VAE_LR) -> None:
     """The VAE; with ``contrast``, the loss also counts :func:`contrast_shortfall` that many times.
 
     Trained on reconstruction alone, it put some shape colours' latents next to their background's (yellow on white,
@@ -281,6 +281,12 @@ def retune_vae(vae, steps: int, seed: int, contrast: float, scale_seed: int) -> 
     train_vae(vae, steps, seed, contrast, VAE_RETUNE_LR)
     vae.requires_grad_(False).eval()
     latents, _, _ = encode_dataset(vae, VAE_SCALE_SCENES, scale_seed, IMAGE_SIZE)
+    scale_to_unit_spread(vae, latents)
+
+
+def scale_to_unit_spread(vae, latents: torch.Tensor) -> None:
+    """The VAE's scaling factor from its unscaled ``latents``: the denoisers learn on latents of unit spread, as
+    the noise they are mixed with has."""
     vae.register_to_config(scaling_factor=float(1 / latents.std()))
 
 
@@ -659,7 +665,7 @@ def train(
     if encoders is None or "dit" in denoisers:  # the DiT's data, which also sets the VAE's scale and the captions
         latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out, shape_share)
     if encoders is None:
-        vae.register_to_config(scaling_factor=float(1 / latents.std()))
+        scale_to_unit_spread(vae, latents)
         torch.manual_seed(seed + 5)
         train_text_encoder(text_encoder, tokenizer, captions, scaled(TEXT_STEPS), seed + 5)
     else:
