@@ -30,7 +30,7 @@ RANDOM_MODELS = {"random-sd": "sd", "random-pixart": "pixart"}
 #: ``generate``'s model: the built-in DiT, at a size where two CPU ranks beat one (see :func:`default_size`).
 DEFAULT_MODEL = "paradiff-tiny-dit"
 MODEL_NAMES = (*TRAINED_MODELS, *RANDOM_MODELS)
-#: The command line's ``--steps`` when none is given (a plan's printed commands leave it out at this value).
+#: The command line's ``--steps`` when none is given, for a model without its own (:func:`default_steps`).
 DEFAULT_STEPS = 20
 #: A Hugging Face hub repository id: ``owner/name``.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -255,12 +255,23 @@ def _first_line(error: BaseException) -> str:
 
 def default_size(model: str) -> int | None:
     """``generate``'s ``--size`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_SIZE``:
-    128 px for the U-Net and the video model, 256 px for the DiT); None (the pipeline's default) otherwise."""
+    128 px for the U-Net, 256 px for the DiT and the video model); None (the pipeline's default) otherwise."""
     if model not in TRAINED_MODELS:
         return None
     from .builtin import DEFAULT_SIZE
 
     return DEFAULT_SIZE[TRAINED_MODELS[model]]
+
+
+def default_steps(model: str) -> int:
+    """The command line's ``--steps`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_STEPS``:
+    8 for the video model, 20 for the pictures), :data:`DEFAULT_STEPS` otherwise. A plan's printed commands leave
+    ``--steps`` out at this value."""
+    if model not in TRAINED_MODELS:
+        return DEFAULT_STEPS
+    from .builtin import DEFAULT_STEPS as BUILTIN_STEPS
+
+    return BUILTIN_STEPS[TRAINED_MODELS[model]]
 
 
 def video_model(model: str) -> bool:

@@ -23,7 +23,7 @@ from paradiff.builtin.follow import judge
 from paradiff.cli import build_parser, main
 from paradiff.cli.summary import format_bytes, format_fidelity, format_speedup, summary_lines
 from paradiff.launch.quiet import quiet_output
-from paradiff.loading import load_pipeline
+from paradiff.loading import DEFAULT_STEPS, TRAINED_MODELS, default_size, default_steps, load_pipeline
 from paradiff.metrics import psnr
 from paradiff.tiny import build_pipeline, prompt_inputs, save
 
@@ -257,11 +257,20 @@ def test_help_shows_the_defaults(capsys, command):
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--steps STEPS denoising steps (default: 20)" in text
+    assert "--steps STEPS denoising steps (default: 8 for paradiff-tiny-video, 20 otherwise)" in text
     assert "--nproc NPROC how many processes (ranks) to start, one per GPU (default: every visible GPU, or 2" in text
     assert re.search(r"\(default: paradiff-tiny- ?dit\)", text), "help wraps after a hyphen"
     assert "--seed SEED seed of the initial noise (default: 0)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
+    unwrapped = text.replace("- ", "-")  # help wraps after a hyphen
+    for option, default, otherwise in (("steps", default_steps, DEFAULT_STEPS), ("size", default_size, None)):
+        shown = re.search(rf"--{option} {option.upper()} [^(]*\(default: ([^)]*)\)", unwrapped).group(1)
+        named = {
+            model: int(value)
+            for value, models in re.findall(r"(\d+) for (paradiff-[\w-]+(?: and paradiff-[\w-]+)*)", shown)
+            for model in models.split(" and ")
+        }
+        assert all(named.get(model, otherwise) == default(model) for model in TRAINED_MODELS), (option, shown)
     if command == "generate":
         for shown in (
             "(default: cfg for the built-in models, patch otherwise)",
@@ -375,3 +384,37 @@ def test_width_draws_a_non_square_image(tmp_path, capsys):
     argv = ["a red circle", "--model", "paradiff-tiny", "--nproc", "1", "--steps", "2", "--size", "64", "--width", "96"]
     assert main(["generate", *argv, "--out", str(out)]) == 0
     assert Image.open(out).size == (96, 64)  # PIL: (width, height)
+
+
+VIDEO = "paradiff-tiny-video"
+
+
+class _Captured(Exception):
+    """Raised by the launcher stand-in below once it has the job the command would start."""
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "plan"])
+def test_a_run_without_steps_takes_the_models_own(monkeypatch, tmp_path, command):
+    """``--steps`` left out: 8 for the built-in video model, 20 for a picture model; given, the number given."""
+
+    def launch(fn, nproc, job, **kwargs):
+        raise _Captured(job)
+
+    monkeypatch.setattr(paradiff.cli, "run_on_ranks", launch)
+    monkeypatch.chdir(tmp_path)
+    for model, given, steps in ((VIDEO, [], 8), ("paradiff-tiny-dit", [], 20), (VIDEO, ["--steps", "5"], 5)):
+        prompt = ["a red circle moving from left to right"] if command == "generate" else []
+        out = ["--out", "clip.mp4" if model == VIDEO else "picture.png"] if command == "generate" else []
+        args = build_parser().parse_args([command, *prompt, "--model", model, *given, *out])
+        with pytest.raises(_Captured) as captured:
+            args.func(args)
+        assert captured.value.args[0].steps == steps, (command, model, given)
+
+
+def test_a_server_without_steps_serves_the_models_own():
+    from paradiff.cli.serve_command import settings_from
+
+    for model, given, steps in ((VIDEO, [], 8), ("paradiff-tiny", [], 20), (VIDEO, ["--steps", "5"], 5)):
+        assert settings_from(build_parser().parse_args(["serve", "--model", model, *given])).steps == steps
+    with pytest.raises(paradiff.ParadiffError, match="--steps 30 is above --max-steps 25"):
+        settings_from(build_parser().parse_args(["serve", "--model", VIDEO, "--steps", "30", "--max-steps", "25"]))

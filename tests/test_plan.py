@@ -235,6 +235,25 @@ def test_pipefusion_flowing_draining_and_the_patches_the_plan_chooses():
     assert rows.label == "pipefusion pipefusion_patches=4 pipefusion_sync=sequence"
 
 
+def test_a_printed_command_leaves_out_only_the_models_own_steps():
+    """The video model draws 8 steps unasked and the pictures 20, so a plan's command says ``--steps`` otherwise."""
+    from paradiff.loading import default_size
+    from paradiff.plan.costs import Fixed
+    from paradiff.plan.job import Plan
+    from paradiff.plan.printout import generate_command
+
+    w = _workload()
+    row = predict(w, HARDWARE, "float16", "cfg", 2, 8, 1)
+    for model, steps, shown in (
+        ("paradiff-tiny-video", 8, False),
+        ("paradiff-tiny-video", 20, True),
+        ("paradiff-tiny-dit", 20, False),
+        ("paradiff-tiny-dit", 8, True),
+    ):
+        plan = Plan(model, default_size(model), None, steps, 2, "float16", HARDWARE, w, Fixed(), (row,))
+        assert ("--steps" in shlex.split(generate_command(plan, row))) == shown, (model, steps)
+
+
 def test_a_setting_whose_memory_per_rank_exceeds_a_device_is_marked_and_never_picked():
     """A device of 300 MB: ``patch``'s buffer of the whole image's K/V (381 MB) does not fit, ``pipefusion``'s of
     its stage's layers does; the plan names both, and neither its pick nor ``auto``'s (``Plan.best``) is ``patch``."""

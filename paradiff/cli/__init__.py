@@ -40,12 +40,21 @@ from ..loading import (
     call_arguments,
     check_model,
     default_size,
+    default_steps,
     default_strategy,
 )
 from ..plan.architectures import architecture_names
 from ..plan.hardware import hardware_names
 from ..strategies import strategy_names
-from .argument_checks import check_numbers, given_prompts, resolve_nproc, seed_value, threads_per_rank
+from .argument_checks import (
+    check_numbers,
+    given_prompts,
+    named_defaults,
+    resolve_nproc,
+    resolve_steps,
+    seed_value,
+    threads_per_rank,
+)
 from .generate_job import GenerateJob, check_outputs, generate_on_rank
 from .serve_command import add_serve_parser
 from .summary import generate_json, summary_lines, times_sign
@@ -74,7 +83,7 @@ def generate(args: argparse.Namespace) -> int:
         model=args.model,
         strategy=strategy,
         nproc=nproc,
-        steps=args.steps,
+        steps=resolve_steps(args),
         size=args.size or default_size(args.model),
         width=args.width,
         frames=args.frames,
@@ -171,7 +180,7 @@ def plan(args: argparse.Namespace) -> int:
     job = PlanJob(
         model=args.model,
         nproc=nproc,
-        steps=args.steps,
+        steps=resolve_steps(args),
         size=args.size or default_size(args.model),
         width=args.width,
         frames=args.frames,
@@ -246,13 +255,13 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
         help="how many processes (ranks) to start, one per GPU (default: every visible GPU, or 2 on a machine "
         "without one; under torchrun, torchrun's)",
     )
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps")
     parser.add_argument(
-        "--size",
+        "--steps",
         type=int,
-        help="height and width in pixels (default: 256 for paradiff-tiny-dit, 128 for paradiff-tiny and "
-        "paradiff-tiny-video, the model's own otherwise)",
+        help="denoising steps " + named_defaults(default_steps, f"{DEFAULT_STEPS} otherwise", unless=DEFAULT_STEPS),
     )
+    size_defaults = named_defaults(default_size, "the model's own otherwise")
+    parser.add_argument("--size", type=int, help=f"height and width in pixels {size_defaults}")
     parser.add_argument("--width", type=int, help="width in pixels, when it differs from the height (default: --size)")
     parser.add_argument("--seed", type=seed_value, default=0, help="seed of the initial noise")
     parser.add_argument("--threads", type=int, help="torch threads per rank (default, or 0: CPU cores / ranks)")

@@ -11,10 +11,12 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ParadiffError
 from ..launch import under_torchrun
+from ..loading import TRAINED_MODELS, default_steps
 
 #: The largest seed ``torch.Generator.manual_seed`` takes (it reads the seed as an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -44,6 +46,22 @@ def check_numbers(args: argparse.Namespace) -> None:
     timeout = getattr(args, "timeout", None)
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ParadiffError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+
+
+def resolve_steps(args: argparse.Namespace) -> int:
+    """``--steps``, or the model's own when none is given (:func:`paradiff.loading.default_steps`)."""
+    return default_steps(args.model) if args.steps is None else args.steps
+
+
+def named_defaults(default: Callable[[str], int | None], otherwise: str, unless: int | None = None) -> str:
+    """``(default: 8 for paradiff-tiny-video, 20 otherwise)``: an option's value for each built-in model (but the
+    models whose value is ``unless``), from the function that gives it, then ``otherwise``."""
+    models: dict[int | None, list[str]] = {}
+    for model in TRAINED_MODELS:
+        if default(model) != unless:
+            models.setdefault(default(model), []).append(model)
+    named = [f"{value} for {' and '.join(names)}" for value, names in models.items()]
+    return f"(default: {', '.join([*named, otherwise])})"
 
 
 def seed_value(text: str) -> int:

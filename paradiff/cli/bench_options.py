@@ -12,7 +12,7 @@ from ..caches import parse_cache
 from ..config import ParallelConfig
 from ..errors import ParadiffError
 from ..loading import call_arguments, check_model, default_size
-from .argument_checks import check_numbers, given_prompts, resolve_nproc, threads_per_rank
+from .argument_checks import check_numbers, given_prompts, resolve_nproc, resolve_steps, threads_per_rank
 
 
 def job_from_args(args: argparse.Namespace, threads: int | None = None) -> BenchJob:
@@ -47,7 +47,7 @@ def job_from_args(args: argparse.Namespace, threads: int | None = None) -> Bench
         warmups=warmups,
         nproc=nproc,
         prompts=len(texts) if texts else (args.prompts or DEFAULT_PROMPTS),
-        steps=args.steps,
+        steps=resolve_steps(args),
         size=args.size or default_size(args.model),
         width=args.width,
         seed=args.seed,

@@ -13,9 +13,9 @@ import math
 from ..devices import DTYPES
 from ..errors import ParadiffError
 from ..launch.quiet import quiet_output
-from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model
+from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model, default_steps
 from ..serve.settings import API_KEY_ENV, Limits, ServeSettings
-from .argument_checks import resolve_nproc, threads_per_rank
+from .argument_checks import named_defaults, resolve_nproc, resolve_steps, threads_per_rank
 
 #: Packages only ``paradiff serve`` needs: the ``serve`` extra.
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")
@@ -56,7 +56,12 @@ def add_serve_parser(commands, formatter_class) -> None:
     parser.add_argument(
         "--max-batch", type=int, default=1, help="queued requests of one shape drawn in one call (1: no batching)"
     )
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="denoising steps of a request that sets none")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="denoising steps of a request that sets none "
+        + named_defaults(default_steps, f"{DEFAULT_STEPS} otherwise", unless=DEFAULT_STEPS),
+    )
     parser.add_argument(
         "--warmup", type=int, default=4, help="warm-up steps of a request that sets none (0 under a fidelity floor)"
     )
@@ -104,7 +109,8 @@ def _require_serve_extra() -> None:
 
 
 def settings_from(args: argparse.Namespace) -> ServeSettings:
-    """The server's settings from ``args``, every number checked."""
+    """The server's settings from ``args``, every number checked (``--steps`` the model's own when not given)."""
+    args = argparse.Namespace(**{**vars(args), "steps": resolve_steps(args)})
     positive = {
         "max_queue": 0,
         "max_restarts": 0,

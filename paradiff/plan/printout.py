@@ -12,7 +12,7 @@ import json
 import shlex
 from dataclasses import asdict
 
-from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_STEPS, default_size
+from ..loading import ALLOW_PICKLE_FLAG, default_size, default_steps
 from .costs import Prediction, always_exact, call_s, one_device_step
 from .hardware import MEASURED
 from .job import PLAN_PROMPT, Plan
@@ -196,7 +196,7 @@ def _cli_model(plan: Plan) -> str:
 def _workload_options(plan: Plan, frames: bool) -> list[str]:
     """The options that make ``generate`` / ``bench`` call the pipeline as the plan traced it."""
     job = plan.job
-    words = [] if plan.steps == DEFAULT_STEPS else ["--steps", str(plan.steps)]
+    words = [] if plan.steps == default_steps(plan.model) else ["--steps", str(plan.steps)]
     if plan.size != default_size(plan.model):
         words += ["--size", str(plan.size)]
     if plan.width not in (None, plan.size):
