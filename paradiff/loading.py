@@ -254,8 +254,8 @@ def _first_line(error: BaseException) -> str:
 
 
 def default_size(model: str) -> int | None:
-    """``generate``'s ``--size`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_SIZE``:
-    128 px for the U-Net, 256 px for the DiT and the video model); None (the pipeline's default) otherwise."""
+    """``generate``'s ``--size`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_SIZE``);
+    None (the pipeline's default) otherwise."""
     if model not in TRAINED_MODELS:
         return None
     from .builtin import DEFAULT_SIZE
@@ -264,9 +264,8 @@ def default_size(model: str) -> int | None:
 
 
 def default_steps(model: str) -> int:
-    """The command line's ``--steps`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_STEPS``:
-    8 for the video model, 20 for the pictures), :data:`DEFAULT_STEPS` otherwise. A plan's printed commands leave
-    ``--steps`` out at this value."""
+    """The command line's ``--steps`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_STEPS``),
+    :data:`DEFAULT_STEPS` otherwise. A plan's printed commands leave ``--steps`` out at this value."""
     if model not in TRAINED_MODELS:
         return DEFAULT_STEPS
     from .builtin import DEFAULT_STEPS as BUILTIN_STEPS
