@@ -1,8 +1,9 @@
 """The command line's checks that need no model: run in the parent, before any worker starts.
 
 A value the parser accepts can still be one no run can use (a guidance of ``inf``, a seed torch cannot
-take, more ranks than the machine can hold, a world the strategy cannot split). Each is refused here in
-one line (exit status 2), so that no worker is started, and no model loaded, for a run that cannot work.
+take, more ranks than the machine can hold). Each is refused here in one line (exit status 2), so that no worker
+is started, and no model loaded, for a run that cannot work. A world the strategy cannot split is refused by the
+ranks, before they load the model: the strategies' modules import diffusers, which this process does not.
 """
 
 from __future__ import annotations
