@@ -264,13 +264,13 @@ def default_size(model: str) -> int | None:
 
 
 def default_steps(model: str) -> int:
-    """The command line's ``--steps`` when none is given: the built-in models' own (``paradiff.builtin.DEFAULT_STEPS``),
-    :data:`DEFAULT_STEPS` otherwise. A plan's printed commands leave ``--steps`` out at this value."""
+    """The command line's ``--steps`` when none is given: a built-in model's own (``paradiff.builtin.OWN_STEPS``),
+    else :data:`DEFAULT_STEPS`. A plan's printed commands leave ``--steps`` out at this value."""
     if model not in TRAINED_MODELS:
         return DEFAULT_STEPS
-    from .builtin import DEFAULT_STEPS as BUILTIN_STEPS
+    from .builtin import OWN_STEPS
 
-    return BUILTIN_STEPS[TRAINED_MODELS[model]]
+    return OWN_STEPS.get(TRAINED_MODELS[model], DEFAULT_STEPS)
 
 
 def video_model(model: str) -> bool:

@@ -19,10 +19,10 @@ from .vocabulary import EXAMPLE_PROMPTS, VIDEO_EXAMPLE_PROMPTS, unknown_words, w
 
 __all__ = [
     "DEFAULT_SIZE",
-    "DEFAULT_STEPS",
     "EXAMPLE_PROMPTS",
     "FRAMES",
     "GUIDANCE_SCALE",
+    "OWN_STEPS",
     "PIPELINES",
     "VIDEO_EXAMPLE_PROMPTS",
     "WEIGHTS",
@@ -46,10 +46,10 @@ GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0, "video": 2.0}
 #: the DiT's, so the pipeline's own default would be 256 px), :data:`FRAMES` frames (its temporal position table
 #: has that many rows).
 DEFAULT_SIZE = {"sd": 128, "pixart": 256, "video": CLIP_SIZE}
-#: The denoising steps each pipeline is drawn with by default. The video model follows held-out prompts as well
-#: at 8 steps as at 20 (docs/builtin-models.md), and a clip costs 16 frames of work a step, so it takes 8; the
-#: pictures take the command line's usual 20.
-DEFAULT_STEPS = {"sd": 20, "pixart": 20, "video": 8}
+#: The denoising steps a pipeline is drawn with by default where they differ from the command line's usual count
+#: (``paradiff.loading.DEFAULT_STEPS``, which the pictures take). The video model follows held-out prompts as well
+#: at 8 steps as at 20 (docs/builtin-models.md), and a clip costs 16 frames of work a step.
+OWN_STEPS = {"video": 8}
 
 
 def pipeline_folder(kind: str) -> Path:

@@ -35,12 +35,10 @@ from ..launch.quiet import quiet_output
 from ..loading import (
     ALLOW_PICKLE_FLAG,
     DEFAULT_MODEL,
-    DEFAULT_STEPS,
     MODEL_NAMES,
     call_arguments,
     check_model,
     default_size,
-    default_steps,
     default_strategy,
 )
 from ..plan.architectures import architecture_names
@@ -53,6 +51,7 @@ from .argument_checks import (
     resolve_nproc,
     resolve_steps,
     seed_value,
+    steps_defaults,
     threads_per_rank,
 )
 from .generate_job import GenerateJob, check_outputs, generate_on_rank
@@ -258,7 +257,7 @@ def _add_common(parser: argparse.ArgumentParser, architectures: bool = False) ->
     parser.add_argument(
         "--steps",
         type=int,
-        help="denoising steps " + named_defaults(default_steps, f"{DEFAULT_STEPS} otherwise", unless=DEFAULT_STEPS),
+        help=f"denoising steps {steps_defaults()}",
     )
     size_defaults = named_defaults(default_size, "the model's own otherwise")
     parser.add_argument("--size", type=int, help=f"height and width in pixels {size_defaults}")

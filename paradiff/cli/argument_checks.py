@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ParadiffError
 from ..launch import under_torchrun
-from ..loading import TRAINED_MODELS, default_steps
+from ..loading import DEFAULT_STEPS, TRAINED_MODELS, default_steps
 
 #: The largest seed ``torch.Generator.manual_seed`` takes (it reads the seed as an unsigned 64-bit integer).
 MAX_SEED = 2**64 - 1
@@ -59,10 +59,16 @@ def named_defaults(default: Callable[[str], int | None], otherwise: str, unless:
     models whose value is ``unless``), from the function that gives it, then ``otherwise``."""
     models: dict[int | None, list[str]] = {}
     for model in TRAINED_MODELS:
-        if default(model) != unless:
-            models.setdefault(default(model), []).append(model)
+        value = default(model)
+        if value != unless:
+            models.setdefault(value, []).append(model)
     named = [f"{value} for {' and '.join(names)}" for value, names in models.items()]
     return f"(default: {', '.join([*named, otherwise])})"
+
+
+def steps_defaults() -> str:
+    """``--steps``' defaults for its help: the built-in models' own, then :data:`~paradiff.loading.DEFAULT_STEPS`."""
+    return named_defaults(default_steps, f"{DEFAULT_STEPS} otherwise", unless=DEFAULT_STEPS)
 
 
 def seed_value(text: str) -> int:

@@ -13,9 +13,9 @@ import math
 from ..devices import DTYPES
 from ..errors import ParadiffError
 from ..launch.quiet import quiet_output
-from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, DEFAULT_STEPS, MODEL_NAMES, check_model, default_steps
+from ..loading import ALLOW_PICKLE_FLAG, DEFAULT_MODEL, MODEL_NAMES, check_model
 from ..serve.settings import API_KEY_ENV, Limits, ServeSettings
-from .argument_checks import named_defaults, resolve_nproc, resolve_steps, threads_per_rank
+from .argument_checks import resolve_nproc, resolve_steps, steps_defaults, threads_per_rank
 
 #: Packages only ``paradiff serve`` needs: the ``serve`` extra.
 SERVE_PACKAGES = ("fastapi", "uvicorn", "multipart")
@@ -59,8 +59,7 @@ def add_serve_parser(commands, formatter_class) -> None:
     parser.add_argument(
         "--steps",
         type=int,
-        help="denoising steps of a request that sets none "
-        + named_defaults(default_steps, f"{DEFAULT_STEPS} otherwise", unless=DEFAULT_STEPS),
+        help=f"denoising steps of a request that sets none {steps_defaults()}",
     )
     parser.add_argument(
         "--warmup", type=int, default=4, help="warm-up steps of a request that sets none (0 under a fidelity floor)"
