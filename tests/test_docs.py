@@ -1,7 +1,8 @@
 """The documentation stays true: a short README, links that resolve, and commands that run as written.
 
-The commands are the ``bash`` blocks of README.md and docs/cli.md, run on this machine's CPU; commands
-that need a GPU, a hub model or the user's own files belong in ``text`` blocks, which are not run.
+The commands are the ``bash`` blocks of README.md, docs/cli.md and docs/builtin-models.md (each once), run on this
+machine's CPU; commands that need a GPU, a hub model or the user's own files belong in ``text`` blocks, which are
+not run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from cli_ranks import cli_on_ranks
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 LINKED = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "pipelines" / "README.md"]
-RUN = [README, ROOT / "docs" / "cli.md"]
+RUN = [README, ROOT / "docs" / "cli.md", ROOT / "docs" / "builtin-models.md"]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -109,7 +110,19 @@ def commands(path: Path) -> list[str]:
 
 #: The README's first command, the main job: tests/test_cli.py runs it as written and checks what it prints.
 README_FIRST = commands(README)[0]
-CASES = [(path, command) for path in RUN for command in commands(path) if command != README_FIRST]
+
+
+def cases() -> list[tuple[Path, str]]:
+    """Each command once, under the first page that shows it (builtin-models.md repeats the README's video
+    command), but the README's first."""
+    found: dict[str, Path] = {}
+    for path in RUN:
+        for command in commands(path):
+            found.setdefault(command, path)
+    return [(path, command) for command, path in found.items() if command != README_FIRST]
+
+
+CASES = cases()
 
 
 def test_the_documented_commands_are_few_and_cheap():
