@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -135,15 +133,9 @@ def test_the_documented_commands_are_few_and_cheap():
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("path", "command"), CASES, ids=[f"{path.name}:{command[:60]}" for path, command in CASES])
 def test_documented_command_runs(pool2, path, command, tmp_path):
-    """README's commands as a user starts them: a new process, whose launcher starts the ranks. The other pages'
-    commands run their command line on the two ranks of a shared pool, as under ``torchrun``: the same arguments
-    through the same ``main``, without starting and importing two more workers for each."""
+    """Each command's command line on the two ranks of a shared pool, as under ``torchrun``: the same arguments
+    through the same ``main``, without starting and importing two more workers for each. The launcher a user's
+    command starts is run by the README's first command (tests/test_cli.py), as written, in a new process."""
     args = shlex.split(command)
-    if path == README:
-        done = subprocess.run(
-            [sys.executable, "-m", "paradiff.cli", *args[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=170
-        )
-        code, err = done.returncode, done.stderr
-    else:
-        code, _, err = cli_on_ranks(pool2, *args[1:], cwd=str(tmp_path))
+    code, _, err = cli_on_ranks(pool2, *args[1:], cwd=str(tmp_path))
     assert code == 0, f"{path.name}: `{command}` exited {code}:\n{err[-2000:]}"
