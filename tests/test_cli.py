@@ -88,7 +88,6 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--model", "paradiff-tiny", "--strategy", "pipefusion"], "strategy='pipefusion' does not support UNet2DCon"),
         (
             ["--frames", "8"],
             "--frames is for video pipelines, and paradiff-tiny-dit (PixArtAlphaPipeline) makes images",
@@ -97,9 +96,10 @@ def test_generate_on_two_ranks_with_the_builtin_model(tmp_path):
         (["--out", "/proc/x.png"], "cannot write /proc/x.png"),
         (["--model", "nobody/nothing"], "hub model nobody/nothing is not in the local Hugging Face cache"),
     ],
-    ids=["pipefusion-unet", "frames-image", "mp4-image", "proc", "offline-hub"],
+    ids=["frames-image", "mp4-image", "proc", "offline-hub"],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, argv, message):
+    """Refused by the ``paradiff`` command itself, before it starts any worker."""
     argv = [part.replace("{tmp}", str(tmp_path)) for part in argv]
     out = ["--out", str(tmp_path / "x.png")] if "--out" not in argv else []
     start = time.monotonic()
@@ -120,11 +120,13 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_drawn(tmp_path, arg
     [
         (["--model", "paradiff-tiny", "--strategy", "patch", "--size", "136"], "height 136 is not divisible by 64"),
         (["--size", "136"], "height 136 is not a multiple of 16 pixels (a row of PixArtTransformer2DModel's"),
+        (["--model", "paradiff-tiny", "--strategy", "pipefusion"], "strategy='pipefusion' does not support UNet2DCon"),
     ],
-    ids=["size-136", "size-136-dit"],
+    ids=["size-136", "size-136-dit", "pipefusion-unet"],
 )
-def test_a_size_the_model_cannot_split_is_one_line_and_exit_2_on_every_rank(pool2, tmp_path, argv, message):
-    """Checked once the pipeline is loaded, on every rank alike (here as under torchrun), before any drawing."""
+def test_what_the_loaded_model_cannot_run_is_one_line_and_exit_2_on_every_rank(pool2, tmp_path, argv, message):
+    """Checked once the pipeline is loaded, on every rank alike (here as under torchrun), before any drawing. How a
+    rank's ParadiffError comes back through the command's own workers: tests/test_cli_launch.py."""
     out = tmp_path / "x.png"
     code, stdout, stderr = cli_on_ranks(pool2, "generate", "a red circle", "--steps", "2", *argv, "--out", str(out))
     assert code == 2 and stderr.startswith("paradiff: error: ") and stderr.count("\n") == 1, stderr

@@ -49,6 +49,12 @@ def _fail_on_rank_1(kind: str) -> str:
 # --- the launcher itself -----------------------------------------------------------------------------------
 
 
+def _on_two_ranks(fn, *args):
+    """``run_on_ranks(fn, 2, *args)``, verbose: its workers then skip quieting diffusers and transformers, which
+    imports them (seconds a worker) for tasks that use neither; nothing checked here depends on it."""
+    return run_on_ranks(fn, 2, *args, verbose=True)
+
+
 @pytest.fixture
 def private_tmp(tmp_path, monkeypatch):
     """The launcher's store folder and log go to ``tmp_path``."""
@@ -58,10 +64,10 @@ def private_tmp(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_rank_0_result_and_a_paradiff_error_from_one_rank(private_tmp):
-    assert run_on_ranks(_rank_and_sum, 2) == (0, 3.0)
+    assert _on_two_ranks(_rank_and_sum) == (0, 3.0)
     assert list(private_tmp.iterdir()) == [], "store folder and log are removed after a good run"
     with pytest.raises(ParadiffError, match="^rank 1 refuses this input$"):
-        run_on_ranks(_fail_on_rank_1, 2, "paradiff")
+        _on_two_ranks(_fail_on_rank_1, "paradiff")
     assert list(private_tmp.iterdir()) == []
 
 
@@ -69,7 +75,7 @@ def test_rank_0_result_and_a_paradiff_error_from_one_rank(private_tmp):
 def test_any_other_error_stops_every_rank_in_one_line_with_a_log(private_tmp):
     start = time.monotonic()
     with pytest.raises(RanksFailed) as failure:
-        run_on_ranks(_fail_on_rank_1, 2, "error")
+        _on_two_ranks(_fail_on_rank_1, "error")
     assert str(failure.value) == "rank 1 failed: RuntimeError: rank 1 broke with a second line"
     assert time.monotonic() - start < 60, "rank 0, blocked in a barrier, was stopped at once"
     log = failure.value.log

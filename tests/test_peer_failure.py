@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from peer_failure_job import FAILING_STEP, TIMEOUT_S, late_rank, run_rank
+from peer_failure_job import FAILING_STEP, LATE_TIMEOUT_S, TIMEOUT_S, late_rank, run_rank
 
 import paradiff
 from paradiff.runtime.liveness import WATCH_S
@@ -66,13 +67,31 @@ def _check_failure(report: dict, mode: str) -> None:
     assert report["seconds"] < limit, f"reported after {report['seconds']:.1f} s"
 
 
+def _path() -> str:
+    """This folder and the checkout, first on the path: the job's processes import this paradiff, installed or not."""
+    return os.pathsep.join([str(JOB.parent), str(JOB.parents[1])])
+
+
+@pytest.fixture(scope="module")
+def forked():
+    """The ranks of the jobs started without torchrun, forked from one server that imported torch and the job once:
+    spawned, each rank imports them itself (seconds a rank, 4 ranks on 2 cores). The server finds the job through
+    PYTHONPATH (Python 3.11's ignores the path it is given), and stops with the module."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["peer_failure_job"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", _path())
+        multiprocessing.forkserver.ensure_running()
+    yield context
+    multiprocessing.forkserver._forkserver._stop()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_every_survivor_names_the_lost_rank_without_torchrun(tmp_path, mode):
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
+def test_every_survivor_names_the_lost_rank_without_torchrun(tmp_path, mode, forked):
+    results = forked.Queue()
     store = str(tmp_path / "store")
-    ranks = [context.Process(target=run_rank, args=(rank, WORLD, mode, store, results)) for rank in range(WORLD)]
+    ranks = [forked.Process(target=run_rank, args=(rank, WORLD, mode, store, results)) for rank in range(WORLD)]
     for process in ranks:
         process.start()
     try:
@@ -97,7 +116,7 @@ def test_every_survivor_names_the_lost_rank_under_torchrun(mode):
     env = {
         **os.environ,
         "GLOO_SOCKET_IFNAME": "lo",
-        "PYTHONPATH": os.pathsep.join([str(JOB.parent), str(JOB.parents[1])]),
+        "PYTHONPATH": _path(),
     }
     start = time.monotonic()
     launched = subprocess.Popen(
@@ -132,11 +151,10 @@ def test_every_survivor_names_the_lost_rank_under_torchrun(mode):
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_that_never_reaches_parallelize_is_named(tmp_path):
+def test_a_rank_that_never_reaches_parallelize_is_named(tmp_path, forked):
     """Not torch's "wait timeout" from inside its group creation, which names no rank."""
-    context = multiprocessing.get_context("spawn")
-    results, done = context.Queue(), context.Event()
-    ranks = [context.Process(target=late_rank, args=(rank, str(tmp_path / "store"), done, results)) for rank in (0, 1)]
+    results, done = forked.Queue(), forked.Event()
+    ranks = [forked.Process(target=late_rank, args=(rank, str(tmp_path / "store"), done, results)) for rank in (0, 1)]
     for process in ranks:
         process.start()
     try:
@@ -147,9 +165,9 @@ def test_a_rank_that_never_reaches_parallelize_is_named(tmp_path):
             process.join(10)
             process.kill()
     assert report["error"] is not None, "rank 0 went on without rank 1"
-    assert report["error"].startswith(f"rank 1 did not reach parallelize() within timeout_s={TIMEOUT_S:g}"), report
+    assert report["error"].startswith(f"rank 1 did not reach parallelize() within timeout_s={LATE_TIMEOUT_S:g}"), report
     assert "rank 1 has shown no sign of life to paradiff" in report["error"], report
-    assert report["seconds"] < TIMEOUT_S + REPORT_S, report
+    assert report["seconds"] < LATE_TIMEOUT_S + REPORT_S, report
 
 
 def test_a_late_rank_is_told_apart_by_its_heartbeat(monkeypatch):

@@ -145,21 +145,21 @@ def test_unregistering_forgets_the_strategy_and_keeps_the_built_in_ones():
 
 
 def test_a_registered_strategy_is_planned_and_one_without_a_cost_model_is_named(registered):
+    """One plan with both registered: the costed strategy has its row, the uncosted one is left out; asked for by name,
+    it is refused. Each plan traces the architecture on the meta device: PixArt-Σ is the quickest to trace."""
     from paradiff.plan.job import PlanJob, plan_architecture
-
-    job = PlanJob("sdxl", nproc=2, steps=10, hardware="h100-nvlink", size=1024)
-    plan = plan_architecture(job)
-    rows = {row.strategy: row for row in plan.predictions}
-    assert "test-batch-share" in rows and rows["test-batch-share"].exact, sorted(rows)
-    assert rows["test-batch-share"].warmup_steps == 0, "exact at every step: one row, no warm-up setting"
-    assert rows["test-batch-share"].bytes_per_step > 0
 
     class Uncosted(Strategy):
         name = "test-uncosted"
 
+    job = PlanJob("pixart-sigma", nproc=2, steps=10, hardware="h100-nvlink", size=1024)
     register(Uncosted)
     try:
-        assert "test-uncosted" not in {row.strategy for row in plan_architecture(job).predictions}
+        rows = {row.strategy: row for row in plan_architecture(job).predictions}
+        assert "test-batch-share" in rows and rows["test-batch-share"].exact, sorted(rows)
+        assert rows["test-batch-share"].warmup_steps == 0, "exact at every step: one row, no warm-up setting"
+        assert rows["test-batch-share"].bytes_per_step > 0
+        assert "test-uncosted" not in rows
         uncosted = r"strategy 'test-uncosted' declares no cost model \(Strategy.step_cost\)"
         with pytest.raises(ParadiffError, match=uncosted):
             plan_architecture(replace(job, strategies=("test-uncosted",)))
