@@ -274,16 +274,17 @@ def test_tuning_from_a_written_model_refuses_what_it_cannot_run(short_run, tmp_p
 
 @pytest.mark.timeout(300)
 def test_the_decoder_tuning_rewrites_a_folders_decoder_alone_in_place(short_run, tmp_path):
-    """The documented form, ``--out DIR --encoders DIR/sd --denoisers --decoder-tune 2``: DIR/sd/vae is replaced by a
-    VAE (same config) whose decoder moved and whose encoder (what the denoisers learned from) did not; nothing else
-    changes, and ``pixart/`` still links to it."""
+    """The documented form, ``--out DIR --encoders DIR/sd --denoisers --decoder-tune 2`` (and ``--scale 0.001``, which
+    here only shortens the round trip it logs): DIR/sd/vae is replaced by a VAE (same config) whose decoder moved and
+    whose encoder (what the denoisers learned from) did not; nothing else changes, and ``pixart/`` still links to it."""
     import shutil
 
     import paradiff.builtin.train as training
 
     folder = tmp_path / "tiny"
     shutil.copytree(short_run, folder, symlinks=True)
-    training.main(["--out", str(folder), "--encoders", str(folder / "sd"), "--denoisers", "--decoder-tune", "2"])
+    decoder_only = ["--encoders", str(folder / "sd"), "--denoisers", "--decoder-tune", "2", "--scale", "0.001"]
+    training.main(["--out", str(folder), *decoder_only])
     before, after = (weights_in(run / "sd" / "vae") for run in (short_run, folder))
     assert before.keys() == after.keys()
     moved = {name for name in before if not torch.equal(before[name], after[name])}
@@ -332,7 +333,11 @@ def test_the_contrast_shortfall_is_the_margin_squared_for_latents_blind_to_shape
     assert contrast_shortfall(two_shapes, blind[: len(two_shapes)]) == 0, "no one-shape view: nothing to count"
 
 
-def test_the_vae_stage_trains_on_the_contrast_term_only_when_asked():
+def test_the_vae_stage_trains_on_the_contrast_term_only_when_asked(monkeypatch):
+    """Batches of 4 views (2 crops, 2 whole scenes; one-shape ones among them), half the stage's work."""
+    import paradiff.builtin.train as training
+
+    monkeypatch.setattr(training, "VAE_BATCH", 4)
     trained = {}
     for contrast in (0.0, 0.0, 50.0):
         torch.manual_seed(0)
@@ -348,7 +353,8 @@ def test_a_retuned_vae_moves_from_its_weights_at_the_retune_rate_and_is_scaled_a
     the learning rate, 1/50 and 2/50 of the peak in the warm-up); at the first training's 1e-3, by ~6e-5."""
     import paradiff.builtin.train as training
 
-    monkeypatch.setattr(training, "VAE_SCALE_SCENES", 32)
+    monkeypatch.setattr(training, "VAE_BATCH", 4)  # the tuning and the scale as shipped, on less data
+    monkeypatch.setattr(training, "VAE_SCALE_SCENES", 8)
     modes, as_it_is = [], training.train_vae
 
     def train_vae(vae, *args):
@@ -363,7 +369,7 @@ def test_a_retuned_vae_moves_from_its_weights_at_the_retune_rate_and_is_scaled_a
     assert 0 < moved < 2e-5, moved
     assert modes == [True], "tuned in train mode, as a built VAE is first trained (a loaded one computes apart)"
     assert not vae.training and not any(parameter.requires_grad for parameter in vae.parameters())
-    latents, _, _ = encode_dataset(vae, 32, 2, IMAGE_SIZE)
+    latents, _, _ = encode_dataset(vae, 8, 2, IMAGE_SIZE)
     assert vae.config.scaling_factor == pytest.approx(float(1 / latents.std()), rel=1e-6)
 
 

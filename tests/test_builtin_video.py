@@ -46,9 +46,9 @@ from paradiff.builtin.vocabulary import unknown_words, warn_unknown_words
 from paradiff.errors import ParadiffWarning
 from paradiff.loading import load_pipeline
 
-#: The training script's short runs: each stage its steps x 0.001 (at least 2) on 4 clips, at 128 px (half the
-#: shipped size: the script's logic is the same, and a quarter of the work).
-SHORT_RUN = {"scale": 0.001, "seed": 0, "pictures": WEIGHTS, "size": 128}
+#: The training script's short runs: each stage its steps x 0.001 (at least 2) on 4 clips, at 64 px (a quarter of the
+#: shipped size: the script's logic is the same, and a sixteenth of the tokens).
+SHORT_RUN = {"scale": 0.001, "seed": 0, "pictures": WEIGHTS, "size": 64}
 #: Where the video prompts are quoted: the README's video command and the built-in models' page.
 DOCS = [Path(__file__).resolve().parents[1] / name for name in ("README.md", "docs/builtin-models.md")]
 
@@ -179,7 +179,7 @@ def test_tuning_a_written_video_model_again_runs_stage_5_alone_from_its_dit(shor
     it by little, where stage 3's start would differ wholly), at stage 5's peak learning rate; the DiT written is
     its moving average with DIR's config, beside DIR's tokenizer and text encoder."""
     out, state = tmp_path / "out", tmp_path / "state"
-    flags = ["--scale", "0.001", "--size", "128", "--kind-tune", "2", "--shape-weight", "5"]
+    flags = ["--scale", "0.001", "--size", "64", "--kind-tune", "2", "--shape-weight", "5"]
     main(["--out", str(out), "--tune-from", str(short_video_run), *flags, "--checkpoints", str(state)])
     assert sorted(path.name for path in state.iterdir()) == ["video-dit-retune.pt"], "only stage 5 ran"
     tuned = torch.load(state / "video-dit-retune.pt", weights_only=False)
@@ -205,7 +205,8 @@ def test_a_tuning_with_vae_tune_encodes_with_the_tuned_vae_and_ships_it_and_a_la
     import paradiff.builtin.train as training
     import paradiff.builtin.video_train as video_training
 
-    monkeypatch.setattr(training, "VAE_SCALE_SCENES", 32)
+    monkeypatch.setattr(training, "VAE_BATCH", 4)  # the tuning and the scale as shipped, on less data
+    monkeypatch.setattr(training, "VAE_SCALE_SCENES", 8)
     encoded_with = []
 
     def encode_clips(vae, *args):
@@ -214,7 +215,7 @@ def test_a_tuning_with_vae_tune_encodes_with_the_tuned_vae_and_ships_it_and_a_la
 
     unrecorded = video_training.encode_clips
     monkeypatch.setattr(video_training, "encode_clips", encode_clips)
-    flags = ["--scale", "0.001", "--size", "128", "--kind-tune", "2"]
+    flags = ["--scale", "0.001", "--size", "64", "--kind-tune", "2"]
     first, second = tmp_path / "first", tmp_path / "second"
     main(["--out", str(first), "--tune-from", str(short_video_run), *flags, "--vae-tune", "2", "--vae-contrast", "0.1"])
     vae = first / "video" / "vae"

@@ -658,9 +658,9 @@ def train(
         vae.register_to_config(scaling_factor=AutoencoderKL.load_config(encoders / "vae")["scaling_factor"])
     round_to_float16(vae)
     vae.requires_grad_(False).eval()
-    round_trip_scenes = max(8, min(32, round(32 * scale)))
+    round_trip_scenes = max(1, min(32, round(32 * scale)))  # a log line: one scene will do in a smoke run
     log_round_trip_error(vae, seed + 8, round_trip_scenes)
-    count = max(32, round(DATASET_SCENES * scale))
+    count = max(DENOISER_BATCH // 2, round(DATASET_SCENES * scale))  # with their mirrors, a batch at the least
     shape_share = shape_weight / KIND_WEIGHT
     if encoders is None or "dit" in denoisers:  # the DiT's data, which also sets the VAE's scale and the captions
         latents, captions, kind_maps = encode_dataset(vae, count, seed + 2, IMAGE_SIZE, hold_out, shape_share)
