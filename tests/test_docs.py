@@ -1,8 +1,8 @@
 """The documentation stays true: a short README, links that resolve, and commands that run as written.
 
-The commands are the ``bash`` blocks of README.md, docs/cli.md and docs/builtin-models.md (each once), run on this
-machine's CPU; commands that need a GPU, a hub model or the user's own files belong in ``text`` blocks, which are
-not run.
+The commands are the ``bash`` blocks of README.md, docs/cli.md, docs/builtin-models.md and docs/planner.md (each
+once), run on this machine's CPU; commands that need a GPU, a hub model or the user's own files belong in ``text``
+blocks, which are not run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from cli_ranks import cli_on_ranks
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 LINKED = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "pipelines" / "README.md"]
-RUN = [README, ROOT / "docs" / "cli.md", ROOT / "docs" / "builtin-models.md"]
+RUN = [README, *(ROOT / "docs" / name for name in ("cli.md", "builtin-models.md", "planner.md"))]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -125,7 +125,7 @@ CASES = cases()
 
 def test_the_documented_commands_are_few_and_cheap():
     """Each command costs seconds to tens of seconds here; the CI budget is a handful."""
-    assert 0 < len(CASES) <= 6, [command for _, command in CASES]
+    assert 0 < len(CASES) <= 8, [command for _, command in CASES]
     assert README_FIRST.startswith('paradiff generate "'), README_FIRST
     assert all(command.startswith("paradiff") for _, command in CASES), "only paradiff commands are run"
 
