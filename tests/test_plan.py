@@ -485,6 +485,17 @@ def test_an_architecture_plan_runs_only_what_parallelize_would_run(capsys):
     assert "ring" in {row["strategy"] for row in json.loads(capsys.readouterr().out)["predictions"]}
 
 
+def test_a_plan_for_another_machine_takes_its_ranks_as_asked_under_torchrun_too(capsys, monkeypatch):
+    """Under torchrun the world is the run's rank count, but ``--hardware`` plans for another machine's GPUs."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--steps", "4", "--strategies", "cfg", "--json"]
+    assert main([*argv, "--nproc", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["nproc"] == 8
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["nproc"] == 2, "without --nproc: the world's"
+
+
 def test_a_plan_takes_a_width_apart_from_the_height(capsys):
     assert architecture("wan2.1-14b").dims(480, 33, 832) == {"H": 60, "W": 104, "F": 9}
     argv = ["plan", "--model", "sdxl", "--hardware", "a100-nvlink", "--steps", "4", "--strategies", "cfg"]

@@ -104,16 +104,18 @@ def resolve_nproc(args: argparse.Namespace) -> int:
     """The world size of this run: torchrun's under torchrun, else ``--nproc`` or the machine's default.
 
     The default is one rank per visible GPU, or 2 on a machine without one. More ranks than the machine
-    can hold are refused: one per GPU under NCCL, :data:`CPU_RANKS_PER_CORE` per core otherwise.
+    can hold are refused: one per GPU under NCCL, :data:`CPU_RANKS_PER_CORE` per core otherwise. A plan for another
+    machine (``--hardware``) takes ``--nproc`` as asked, under torchrun too: it is that machine's rank count.
     """
-    if under_torchrun():
+    for_another_machine = getattr(args, "hardware", None) is not None
+    if under_torchrun() and not (for_another_machine and args.nproc is not None):
         return int(os.environ["WORLD_SIZE"])
     device = getattr(args, "device", "auto")
     gpus = visible_gpus(device)
     nproc = args.nproc if args.nproc is not None else (gpus or 2)
     if nproc < 1:
         raise ParadiffError(f"--nproc must be at least 1, got {nproc}")
-    if getattr(args, "hardware", None) is not None:  # a plan for another machine starts no rank here
+    if for_another_machine:  # starts no rank here
         return nproc
     if gpus and os.environ.get("PARADIFF_BACKEND", "auto") != "gloo":
         if nproc > gpus:
