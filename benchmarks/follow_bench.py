@@ -110,11 +110,13 @@ def write_grid(images: list[np.ndarray], columns: int, path: Path) -> None:
 
 
 def with_weights(pipe, kind: str, folder: Path) -> None:
-    """``pipe``'s denoiser, and its VAE where ``folder`` holds one, from ``folder`` (a training run's pipeline): a
-    denoiser's latents decoded by a VAE other than the one it learned on come out in that VAE's scale and colours."""
+    """``pipe``'s denoiser, and its VAE and text encoder where ``folder`` holds them, from ``folder`` (a training
+    run's pipeline): a denoiser's latents decoded by a VAE other than the one it learned on come out in that VAE's
+    scale and colours, and a video model trained with ``--motion-only`` reads its own motion words' embeddings."""
     denoiser = "unet" if kind == "sd" else "transformer"
-    for part in (denoiser, "vae") if (folder / "vae").is_dir() else (denoiser,):
-        setattr(pipe, part, type(getattr(pipe, part)).from_pretrained(folder / part))
+    for part in (denoiser, "vae", "text_encoder"):
+        if part == denoiser or (folder / part).is_dir():
+            setattr(pipe, part, type(getattr(pipe, part)).from_pretrained(folder / part))
 
 
 def main(argv: list[str] | None = None) -> None:

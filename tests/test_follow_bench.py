@@ -38,18 +38,25 @@ def test_a_quick_run_on_the_seen_prompts_writes_the_rates_of_the_pictures_it_dre
     assert f"| paradiff-tiny | 128 px | 2 | 4 | {shares} |" in capsys.readouterr().out
 
 
-def test_other_weights_bring_their_vae_where_their_folder_holds_one(follow_bench, tmp_path):
-    """``--weights DIR``: DIR's denoiser, and DIR's VAE when it has one (a video model tuned with ``--vae-tune``)."""
+def test_other_weights_bring_their_vae_and_text_encoder_where_their_folder_holds_them(follow_bench, tmp_path):
+    """``--weights DIR``: DIR's denoiser, and DIR's VAE and text encoder when it has them (a video model tuned with
+    ``--vae-tune``, or trained with ``--motion-only``, whose motion words' rows are its own)."""
     pipe = load_pipeline("paradiff-tiny-video")
     shipped = pipe.vae.config.scaling_factor
+    shipped_rows = pipe.text_encoder.get_input_embeddings().weight.clone()
     (tmp_path / "transformer").symlink_to(WEIGHTS / "video" / "transformer")
     follow_bench.with_weights(pipe, "video", tmp_path)
     assert pipe.vae.config.scaling_factor == shipped, "no VAE in the folder: the model's own is kept"
     pipe.vae.register_to_config(scaling_factor=0.5)
     pipe.vae.save_pretrained(tmp_path / "vae")
+    with torch.no_grad():
+        pipe.text_encoder.get_input_embeddings().weight[-1] = 7.0
+    pipe.text_encoder.save_pretrained(tmp_path / "text_encoder")
     pipe = load_pipeline("paradiff-tiny-video")
     follow_bench.with_weights(pipe, "video", tmp_path)
     assert pipe.vae.config.scaling_factor == 0.5
+    rows = pipe.text_encoder.get_input_embeddings().weight
+    assert torch.equal(rows[:-1], shipped_rows[:-1]) and bool((rows[-1] == 7.0).all())
 
 
 def test_seen_prompts_with_the_video_model_are_refused_before_any_pipeline_loads(follow_bench, monkeypatch, tmp_path):
