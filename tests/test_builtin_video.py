@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL, LattePipeline
+from diffusers import AutoencoderKL, LattePipeline, PixArtTransformer2DModel
 from scene_analysis import motion_misses
 from training_runs import as_the_script, weights_in
+from transformers import CLIPTextModel
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
 from paradiff.builtin.clips import (
@@ -27,7 +28,7 @@ from paradiff.builtin.clips import (
 from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.follow import judge_clip, rates
 from paradiff.builtin.scenes import COLOURS, SHAPES, SIZES
-from paradiff.builtin.train import KIND_WEIGHT, lr_at, token_ids
+from paradiff.builtin.train import KIND_WEIGHT, lr_at, token_ids, train_text_encoder
 from paradiff.builtin.video_train import (
     DATASET_CLIPS,
     HIGH_NOISE_FROM,
@@ -36,11 +37,13 @@ from paradiff.builtin.video_train import (
     KIND_TUNE_STEPS,
     VIDEO_BATCH,
     direction_classes,
+    extend_text_encoder,
     kind_maps,
     main,
     parse_kind_draw,
     train,
     video_batches,
+    video_dit_from,
 )
 from paradiff.builtin.vocabulary import unknown_words, warn_unknown_words
 from paradiff.errors import ParadiffWarning
@@ -246,6 +249,48 @@ def test_tuning_a_video_model_again_refuses_what_it_cannot_run(short_video_run, 
         main(["--out", str(tmp_path), "--tune-from", str(short_video_run / "video"), "--kind-tune", "2"])
     assert "holds no video/ pipeline; give a paradiff-tiny folder" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+def test_the_text_encoder_trained_from_a_row_on_keeps_every_other_weight_as_it_was():
+    """``train_text_encoder(..., new_rows_from=N)``: the embedding rows from N on train; every other weight, the
+    rows before N too, ends bit for bit as it started (no gradient, and no weight decay, reaches them)."""
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
+    encoder = CLIPTextModel.from_pretrained(WEIGHTS / "sd" / "text_encoder")
+    known = len(encoder.get_input_embeddings().weight)
+    encoder = extend_text_encoder(encoder, tokenizer)
+    before = {name: tensor.clone() for name, tensor in encoder.state_dict().items()}
+    captions = [clip.caption for clip in make_clips(8, seed=0)]
+    train_text_encoder(encoder, tokenizer, captions, 20, 0, direction_classes(captions), new_rows_from=known)
+    after = encoder.state_dict()
+    table = next(name for name in after if name.endswith("token_embedding.weight"))
+    assert torch.equal(after[table][:known], before[table][:known])
+    assert all(not torch.equal(a, b) for a, b in zip(after[table][known:], before[table][known:], strict=True))
+    assert all(torch.equal(after[name], before[name]) for name in after if name != table)
+    assert not any(p.requires_grad for p in encoder.parameters()), "frozen after"
+
+
+@pytest.mark.timeout(300)
+def test_a_motion_only_run_trains_the_motion_words_and_temporal_blocks_and_keeps_the_pictures_weights(tmp_path):
+    """``--motion-only``: stage 1 trains only the text encoder's rows for the motion words, and stages 3 to 5 only the
+    temporal blocks (stage 5's moving average too), so a caption of the pictures' words reaches the spatial blocks
+    as the pictures' DiT learned it; every other weight is the pictures' as stage 3 starts from them."""
+    main(["--out", str(tmp_path), "--scale", "0.001", "--size", "64", "--motion-only"])
+    encoder, pictures_encoder = weights_of(tmp_path, "text_encoder"), weights_in(WEIGHTS / "sd" / "text_encoder")
+    table = next(name for name in encoder if name.endswith("token_embedding.weight"))
+    known = len(pictures_encoder[table])
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
+    assert len(encoder[table]) == len(tokenizer) > known
+    assert torch.equal(encoder[table][:known], pictures_encoder[table])
+    untrained = extend_text_encoder(CLIPTextModel.from_pretrained(WEIGHTS / "sd" / "text_encoder"), tokenizer)
+    new_rows = zip(encoder[table][known:], untrained.get_input_embeddings().weight.detach().half()[known:], strict=True)
+    assert not any(torch.equal(trained, start) for trained, start in new_rows), "every motion word's row trained"
+    assert all(torch.equal(encoder[name], tensor) for name, tensor in pictures_encoder.items() if name != table)
+    started = video_dit_from(PixArtTransformer2DModel.from_pretrained(WEIGHTS / "pixart" / "transformer"))
+    started = {name: tensor.half() for name, tensor in started.state_dict().items()}
+    written = weights_of(tmp_path, "transformer")
+    temporal = [name for name in written if name.startswith("temporal_transformer_blocks.")]
+    assert temporal and all(torch.equal(written[name], started[name]) for name in written if name not in temporal)
+    assert not all(torch.equal(written[name], started[name]) for name in temporal), "the temporal blocks trained"
 
 
 def test_the_training_script_refuses_a_size_the_patches_do_not_divide(capsys):

@@ -174,7 +174,11 @@ def optimise(
 ) -> None:
     """AdamW on ``params`` for ``steps`` steps (:func:`lr_at`); with ``average`` (a module of the same parameters), a
     moving average of them (decay :data:`EMA_DECAY`) is kept in it after every step."""
-    params = [p for p in params if p.requires_grad]
+    params = list(params)
+    trained = [p.requires_grad for p in params]
+    params = [p for p, kept in zip(params, trained, strict=True) if kept]
+    if average is not None:
+        averaged = [k for k, kept in zip(average.parameters(), trained, strict=True) if kept]
     optimizer = torch.optim.AdamW(params, lr=peak_lr, weight_decay=0.01)
     first = resumable.restore(optimizer) if resumable else 0
     start, running = time.perf_counter(), None
@@ -188,7 +192,7 @@ def optimise(
         optimizer.step()
         if average is not None:
             with torch.no_grad():
-                for kept, param in zip(average.parameters(), params, strict=True):
+                for kept, param in zip(averaged, params, strict=True):
                     kept.lerp_(param, 1 - EMA_DECAY)
         if resumable and ((step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == steps):
             resumable.save(step + 1, optimizer)
@@ -417,7 +421,13 @@ def weighted_mse(prediction: torch.Tensor, target: torch.Tensor, weights: torch.
 
 
 def train_text_encoder(
-    text_encoder, tokenizer, captions: list[str], steps: int, seed: int, classes: dict[str, int] | None = None
+    text_encoder,
+    tokenizer,
+    captions: list[str],
+    steps: int,
+    seed: int,
+    classes: dict[str, int] | None = None,
+    new_rows_from: int | None = None,
 ) -> None:
     """Teach the text encoder to say which words a caption holds, in the mean of its outputs; then freeze it.
 
@@ -433,6 +443,9 @@ def train_text_encoder(
     ``classes`` (caption -> class) adds a second head that must read each caption's class from the same
     means: the video model's direction of travel, which a bag of words cannot tell ("from left to right"
     and "from right to left" hold the same words) but the causal text encoder can, from the order.
+
+    With ``new_rows_from`` only the embedding rows from that index on are trained: every word the encoder knew
+    keeps its weights, so a denoiser trained on its outputs reads a caption of those words as before.
     """
     captions = sorted(set(captions))
     ids, mask = token_ids(tokenizer, captions)
@@ -455,8 +468,19 @@ def train_text_encoder(
         return loss
 
     heads = [*head.parameters(), *(class_head.parameters() if classes else ())]
+    table = text_encoder.get_input_embeddings().weight
+    if new_rows_from is not None:
+        known = table.detach()[:new_rows_from].clone()
+        text_encoder.requires_grad_(False)
+        table.requires_grad_(True)
+        fresh = (torch.arange(len(table)) >= new_rows_from)[:, None]
+        hook = table.register_hook(lambda grad: grad * fresh)
     optimise([*text_encoder.parameters(), *heads], steps, 3e-3, loss_at, "text encoder")
     text_encoder.requires_grad_(False)
+    if new_rows_from is not None:
+        hook.remove()
+        with torch.no_grad():
+            table[:new_rows_from] = known  # as it was: AdamW's weight decay shrinks rows without a gradient too
 
 
 def train_unet(

@@ -246,6 +246,13 @@ def video_dit_from(dit: PixArtTransformer2DModel):
     return video_dit
 
 
+def train_motion_only(video_dit) -> None:
+    """Leave only the temporal blocks to train: the spatial blocks, embeddings and head keep the pictures' DiT's
+    weights, as AnimateDiff's motion modules train on a frozen image model."""
+    video_dit.requires_grad_(False)
+    video_dit.temporal_transformer_blocks.requires_grad_(True)
+
+
 def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit, own_vae: bool = False) -> None:
     """``video/`` links the pictures' VAE (``../sd/vae`` beside it, else ``pictures``' own) instead of a copy; with
     ``own_vae`` (a VAE tuned for the video model) it holds ``vae`` itself."""
@@ -280,6 +287,7 @@ def train(
     kind_draw: dict[str, float] | None = None,
     vae_tune: int = 0,
     vae_contrast: float = 0.0,
+    motion_only: bool = False,
 ) -> None:
     """All stages, from the picture pipelines in ``pictures`` (a ``paradiff-tiny`` folder), on clips of ``size``
     px; with ``resume`` (a video pipeline folder that stage 3 wrote) stages 4 and 5 alone, on the same clips; with
@@ -291,7 +299,9 @@ def train(
     each saves its state there every :data:`~paradiff.builtin.train.CHECKPOINT_EVERY` steps and a stopped run
     goes on from it (stages 1 and 2 run again: they take minutes and are seeded). The clips are encoded with the
     pictures' VAE, or the written folder's; with ``vae_tune``, that VAE first tuned ``vae_tune`` steps
-    (``train.retune_vae``, its contrast term counted ``vae_contrast`` times), and written with the model."""
+    (``train.retune_vae``, its contrast term counted ``vae_contrast`` times), and written with the model. With
+    ``motion_only`` stage 1 trains only the motion words' embedding rows and stages 3 to 5 only the temporal blocks
+    (:func:`train_motion_only`)."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -306,10 +316,12 @@ def train(
     vae.requires_grad_(False).eval()
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     if written is None:
-        tokenizer, text_encoder, dit = _stages_1_and_2(clips, scale, seed, pictures)
+        tokenizer, text_encoder, dit = _stages_1_and_2(clips, scale, seed, pictures, motion_only)
         latents = encode_clips(vae, clips, size)
         torch.manual_seed(seed + 2)
         video_dit = video_dit_from(dit)
+        if motion_only:
+            train_motion_only(video_dit)
         generator = torch.Generator().manual_seed(seed + 3)
         batches = video_batches(latents, clips, tokenizer, generator)
         steps = scaled(VIDEO_STEPS) if video_steps is None else video_steps
@@ -322,6 +334,8 @@ def train(
         dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
         hint = f"give the --pictures folder {written} was trained from"
         video_dit = with_written_weights(build_video_dit(dit, FRAMES), written / "transformer", hint)
+        if motion_only:
+            train_motion_only(video_dit)
         latents = encode_clips(vae, clips, size)
     if tune_from is None:
         torch.manual_seed(seed + 4)
@@ -346,17 +360,21 @@ def train(
     save_video(out, pictures, tokenizer, text_encoder, vae, video_dit.eval(), own_vae)
 
 
-def _stages_1_and_2(clips: list[Clip], scale: float, seed: int, pictures: Path) -> tuple:
-    """The tokenizer, the trained and frozen text encoder (stage 1), and the pictures' DiT (stage 3 starts from it)."""
+def _stages_1_and_2(clips: list[Clip], scale: float, seed: int, pictures: Path, motion_only: bool = False) -> tuple:
+    """The tokenizer, the trained and frozen text encoder (stage 1; with ``motion_only`` only its new words' rows),
+    and the pictures' DiT (stage 3 starts from it)."""
     dit = PixArtTransformer2DModel.from_pretrained(pictures / "pixart" / "transformer")
     tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
-    text_encoder = extend_text_encoder(CLIPTextModel.from_pretrained(pictures / "sd" / "text_encoder"), tokenizer)
+    text_encoder = CLIPTextModel.from_pretrained(pictures / "sd" / "text_encoder")
+    known = text_encoder.get_input_embeddings().weight.shape[0]
+    text_encoder = extend_text_encoder(text_encoder, tokenizer)
     clip_captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
     scenes = make_scenes(max(32, round(DATASET_SCENES * scale)), seed + 2)
     captions = clip_captions + [scene.caption for scene in scenes]
     torch.manual_seed(seed + 1)
     steps = max(2, round(TEXT_STEPS * scale))
-    train_text_encoder(text_encoder, tokenizer, captions, steps, seed + 1, classes=direction_classes(captions))
+    classes = direction_classes(captions)
+    train_text_encoder(text_encoder, tokenizer, captions, steps, seed + 1, classes, known if motion_only else None)
     round_to_float16(text_encoder)
     return tokenizer, text_encoder.eval(), dit
 
@@ -384,6 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vae-tune", type=int, default=0, help="first tune the VAE N steps; the model ships it")
     parser.add_argument(
         "--vae-contrast", type=parse_loss_weight, default=0.0, help="--vae-tune's weight on the shapes' contrast"
+    )
+    parser.add_argument(
+        "--motion-only", action="store_true", help="train only the motion words and temporal blocks; keep the DiT's"
     )
     args = parser.parse_args(argv)
     if args.size % 16:
@@ -425,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
             kind_draw=args.kind_draw,
             vae_tune=args.vae_tune,
             vae_contrast=args.vae_contrast,
+            motion_only=args.motion_only,
         )
     except ParadiffError as error:
         parser.error(str(error))
