@@ -42,6 +42,9 @@ counting W times how far each shape's latents fall short of standing apart from 
 clips with it: the pictures' VAE puts yellow and orange next to white and purple next to gray, and the video model
 draws those shapes worst.
 
+``--motion-only`` trains stage 1's new rows alone and stages 3 to 5's temporal blocks alone
+(:func:`train_motion_only`): the picture DiT's weights and its words' encodings stay as the pictures trained them.
+
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae``, or with
 ``--vae-tune``, or from a model that has one, its own VAE).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
