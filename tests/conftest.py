@@ -17,6 +17,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+#: What nearly every pool task imports (the library, its tiny test pipelines, the built-in models' loading): the
+#: pools' fork server imports it once, where each spawned worker would import it again at every (re)start.
+POOL_PRELOAD = ("paradiff.pipeline", "paradiff.tiny", "paradiff.loading")
+
 
 @pytest.fixture(autouse=True)
 def torch_threads_as_found():
@@ -37,7 +41,7 @@ def rank_pool():
     def get(world_size: int) -> RankPool:
         pool = pools.get(world_size)
         if pool is None or pool.closed:
-            pool = pools[world_size] = RankPool(world_size)
+            pool = pools[world_size] = RankPool(world_size, preload=POOL_PRELOAD)
         return pool
 
     yield get

@@ -76,14 +76,15 @@ def _path() -> str:
 def forked():
     """The ranks of the jobs started without torchrun, forked from one server that imported torch and the job once:
     spawned, each rank imports them itself (seconds a rank, 4 ranks on 2 cores). The server finds the job through
-    PYTHONPATH (Python 3.11's ignores the path it is given), and stops with the module."""
+    PYTHONPATH (Python 3.11's ignores the path it is given). Where the rank pools' fork server already runs (see
+    conftest.py), the ranks fork from it and import the job there. The server is left running: stopping it waits
+    for every process it forked, the pools' workers included; it ends with this process."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["peer_failure_job"])
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", _path())
         multiprocessing.forkserver.ensure_running()
-    yield context
-    multiprocessing.forkserver._forkserver._stop()
+    return context
 
 
 @pytest.mark.timeout(120)
