@@ -1,7 +1,7 @@
 """``torch.compile`` of the denoiser after ``parallelize``: the strategies' hooks and transfers run around the
 compiled graphs, and exact mode stays exact. The slower compiles (the U-Net's, and ``patch``, ``parastep``,
-``asyncdiff``, and inductor's code for every strategy: 30-70 s each on 2 cores) run in
-``benchmarks/compile_check.py``."""
+``asyncdiff``, and inductor's code for every strategy: 30-70 s each on 2 cores with an empty compile cache) run
+in ``benchmarks/compile_check.py``."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from paradiff.tiny import build_pipeline, prompt_inputs
 STEPS = 3
 #: PixArt's DiT: its compile takes seconds where the U-Net's takes a minute.
 FAMILY = "pixart"
+#: What the strategies' hooks meet is dynamo's tracing, the same under every backend: ``aot_eager`` traces and runs the
+#: graphs without generating inductor's code (a minute on 2 cores with an empty compile cache).
+BACKEND = "aot_eager"
 
 
 class CountingBackend:
-    """A compiler backend (``inductor``, the default, or ``aot_eager``) counting the graphs it compiles and the
-    calls of them.
+    """A compiler backend (the one named, e.g. ``aot_eager``) counting the graphs it compiles and the calls of them.
 
     Equal images alone would also pass if nothing were compiled (dynamo disabled, or every frame skipped).
     """
@@ -45,7 +47,7 @@ class CountingBackend:
         return run
 
 
-def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: str, options: dict) -> dict:
+def compiled_against_uncompiled(strategy: str, warmup_steps: int, options: dict) -> dict:
     """The largest difference of the compiled call from the same call uncompiled (one device when exact)."""
     pipe = build_pipeline(FAMILY)
 
@@ -61,7 +63,7 @@ def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: 
     pipe = paradiff.parallelize(pipe, strategy=strategy, warmup_steps=warmup_steps, **options)
     if not exact:
         reference = draw()
-    backend = CountingBackend(backend_name)
+    backend = CountingBackend(BACKEND)
     find_denoiser(pipe).compile(backend=backend)
     try:
         output = draw()
@@ -78,24 +80,18 @@ def compiled_against_uncompiled(strategy: str, warmup_steps: int, backend_name: 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("strategy", "warmup_steps", "backend_name", "options"),
+    ("strategy", "warmup_steps", "options"),
     [
-        ("cfg", STEPS, "inductor", {}),
-        ("ulysses", STEPS, "aot_eager", {}),
-        ("pipefusion", 1, "aot_eager", {}),
-        ("pipefusion", STEPS, "aot_eager", {"pipefusion_sync": "sequence"}),
+        ("cfg", STEPS, {}),
+        ("ulysses", STEPS, {}),
+        ("pipefusion", 1, {}),
+        ("pipefusion", STEPS, {"pipefusion_sync": "sequence"}),
     ],
     ids=["cfg", "ulysses", "pipefusion-displaced", "pipefusion-rows-exact"],
 )
-def test_a_compiled_denoiser_computes_what_the_uncompiled_one_does(
-    pool2, strategy, warmup_steps, backend_name, options
-):
-    """Exact settings against one device; displaced pipefusion (patches through the stages) against itself.
-
-    Only ``cfg`` generates inductor's code (a minute on 2 cores with an empty compile cache); the others trace and
-    run their graphs with ``aot_eager``: what the strategies' hooks meet is dynamo's tracing, which is the same.
-    """
-    results = pool2.run(compiled_against_uncompiled, strategy, warmup_steps, backend_name, options)
+def test_a_compiled_denoiser_computes_what_the_uncompiled_one_does(pool2, strategy, warmup_steps, options):
+    """Exact settings against one device; displaced pipefusion (patches through the stages) against itself."""
+    results = pool2.run(compiled_against_uncompiled, strategy, warmup_steps, options)
     for result in results:
         compiled = (result["graphs"], result["runs"])
         assert compiled[0] >= 1 and compiled[1] >= STEPS, compiled  # graphs compiled, and run at least once a step
