@@ -2,8 +2,9 @@
 
 Multi-rank tests must go through the shared rank pools below (``pool2``, ``pool4`` or
 ``rank_pool(world_size)``) instead of spawning their own processes or process groups: starting
-workers costs seconds (importing torch and paradiff in every process), so one
-:class:`rank_workers.RankPool` per world size serves the whole session.
+workers costs seconds (importing torch, diffusers and paradiff), so one
+:class:`rank_workers.RankPool` per world size serves the whole session, its workers forked from a
+server that imported them once.
 
 Task functions passed to ``pool.run`` must be module-level functions (of the test module is fine:
 workers get the parent's ``sys.path``, which includes this directory under pytest's default

@@ -33,8 +33,9 @@ Processes
 * Each worker runs this file as a script (``runpy.run_path``, module name
   ``__paradiff_rank_worker__``), so starting a worker imports torch but not the ``paradiff``
   package; a task pays for ``import paradiff`` (which imports diffusers) only if its module
-  needs it. That makes the restarts after failures cheaper.
-* ``spawn`` re-imports the parent's ``__main__`` module in every worker (pytest's entry point is
+  needs it. A pool made with ``preload`` forks its workers from a server that imported those
+  modules once instead (the shared pools in conftest.py), so neither a start nor a restart pays.
+* ``spawn`` (the default) re-imports the parent's ``__main__`` module in every worker (pytest's entry point is
   harmless). A script that creates a pool needs an ``if __name__ == "__main__":`` guard, and
   heavy imports at its top level are paid again by every worker.
 * Each worker is connected to the parent by its own pipe; workers exit on their own when the
@@ -75,7 +76,7 @@ __all__ = ["RankFailure", "RankPool", "RankTimeout", "find_free_port"]
 
 _READY_ID = 0  # task id of the "process group is up" message every worker sends once
 # Workers run this file as a script under this name (see RankPool._start), so that starting a
-# worker imports torch but not the paradiff package (whose __init__ imports diffusers).
+# worker imports torch but not the paradiff package.
 _WORKER_RUN_NAME = "__paradiff_rank_worker__"
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 

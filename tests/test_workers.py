@@ -130,7 +130,8 @@ def test_task_module_loaded_by_path_is_found_in_workers(pool2, tmp_path):
 
 
 def test_exception_on_one_rank_raises_rank_failure_then_pool_restarts(pool2, workers):
-    starts, before = pool2.starts, [i["pid"] for i in pool2.run(_rank_info)]
+    before = [i["pid"] for i in pool2.run(_rank_info)]  # first: a pool left down by an earlier test restarts here
+    starts = pool2.starts
     t0 = time.monotonic()
     with pytest.raises(workers.RankFailure) as info:
         pool2.run(_raise_on_rank1_while_rank0_waits)
