@@ -3,8 +3,8 @@
 Multi-rank tests must go through the shared rank pools below (``pool2``, ``pool4`` or
 ``rank_pool(world_size)``) instead of spawning their own processes or process groups: starting
 workers costs seconds (importing torch, diffusers and paradiff), so one
-:class:`rank_workers.RankPool` per world size serves the whole session, its workers forked from a
-server that imported them once.
+:class:`rank_workers.RankPool` per world size serves the whole session (of each xdist worker), its workers
+forked from a server that imported them once.
 
 Task functions passed to ``pool.run`` must be module-level functions (of the test module is fine:
 workers get the parent's ``sys.path``, which includes this directory under pytest's default
@@ -15,8 +15,38 @@ its workers on the next ``run``, so one broken test does not break the ones afte
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+#: The suite runs on pytest-xdist workers (``-n`` in pyproject.toml), which share the machine's cores: each worker's
+#: torch computes on its share, where every worker's default (all cores) would oversubscribe them.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+#: The lines tests reported through the ``report`` fixture, gathered where the run's summary is printed.
+REPORTED: list[str] = []
+
+
+@pytest.fixture
+def report(record_property):
+    """``report(line)`` prints ``line`` in the run's summary, whatever the test's outcome: a test's printed output
+    stays in its xdist worker, while its recorded properties travel with its result to the summary."""
+    return lambda line: record_property("report", line)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        REPORTED.extend(value for name, value in report.user_properties if name == "report")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORTED:
+        terminalreporter.section("reported by the tests")
+        for line in REPORTED:
+            terminalreporter.write_line(line)
+
 
 #: What nearly every pool task imports (the library, its tiny test pipelines, the built-in models' loading): the
 #: pools' fork server imports it once, where each spawned worker would import it again at every (re)start.

@@ -40,8 +40,9 @@ sys.exit(0 if Version(diffusers.__version__) == Version('$floor') else 'expected
 # their single-process references (their exact runs are all warm-up: they move no bytes), and the step caches' exact
 # cases (every cache paradiff adapts exists in the floor's diffusers). On 2 ranks only: what differs between diffusers
 # versions is what a strategy meets in the model (hooks, processors, configs), the same at any number of ranks, and
-# a pool of 4 more workers, each importing diffusers, would cost this run a fifth of its time.
-.floor-env/bin/python -m pytest -q -p no:cacheprovider \
+# a pool of 4 more workers, each importing diffusers, would cost this run a fifth of its time. In this process (-n 0):
+# these tests keep both cores busy on their 2 ranks, and a second xdist worker would only start a second pool.
+.floor-env/bin/python -m pytest -q -p no:cacheprovider -n 0 \
     -k "(exact or restores or test_compat or match_the_reference) and not 4_ranks and not four_ranks" \
     tests/test_patch_exactness.py tests/test_cfg.py tests/test_sequence.py tests/test_pipefusion.py \
     tests/test_parastep.py tests/test_asyncdiff.py tests/test_compat.py tests/test_families.py tests/test_step_caches.py

@@ -482,7 +482,7 @@ FOLLOW_FLOORS = {
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("model", PICTURE_MODELS)
-def test_builtin_model_follows_held_out_prompts(model, capsys):
+def test_builtin_model_follows_held_out_prompts(model, report):
     """24 held-out prompts x seeds 0 and 1 at the default size, each picture read by the follow measure.
 
     The pipelines are prompted as ``paradiff generate`` prompts them; every rate is printed, whatever the outcome.
@@ -493,12 +493,11 @@ def test_builtin_model_follows_held_out_prompts(model, capsys):
     calls = [prompt_kwargs(pipe, model, prompt) for prompt, _ in drawn]
     images = draw_each(pipe, calls, [seed for _, seed in drawn], DEFAULT_SIZE[TRAINED_MODELS[model]])
     measured = rates([judge(image, prompt) for image, (prompt, _) in zip(images, drawn, strict=True)])
-    report = f"{model}, {len(images)} held-out pictures: " + ", ".join(
+    line = f"{model}, {len(images)} held-out pictures: " + ", ".join(
         f"{check} {100 * share:.0f}%" for check, share in measured.items()
     )
-    with capsys.disabled():
-        print(f"\n{report}")
-    assert all(measured[check] >= floor for check, floor in FOLLOW_FLOORS[model].items()), report
+    report(line)
+    assert all(measured[check] >= floor for check, floor in FOLLOW_FLOORS[model].items()), line
 
 
 #: Where the built-in prompts are quoted: the README's first command and the built-in models' page.
