@@ -485,7 +485,8 @@ FOLLOW_FLOORS = {
 def test_builtin_model_follows_held_out_prompts(model, report):
     """24 held-out prompts x seeds 0 and 1 at the default size, each picture read by the follow measure.
 
-    The pipelines are prompted as ``paradiff generate`` prompts them; every rate is printed, whatever the outcome.
+    The pipelines are prompted as ``paradiff generate`` prompts them; every rate is reported in the run's
+    summary, whatever the outcome.
     """
     pipe = load_pipeline(model)
     pipe.set_progress_bar_config(disable=True)

@@ -444,7 +444,7 @@ def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe
     """Each checked held-out prompt at the default size, seed 0, 8 steps (for the suite's time: these clips read as
     well as at 20): the asked colour is found and its centroid moves the asked way by at least
     15% of the frame between the first and last quarter of the frames, in at least 75% of them. The follow
-    measure's rates on the same clips are printed and held a little under the shipped model's
+    measure's rates on the same clips are reported and held a little under the shipped model's
     (docs/builtin-models.md gives them)."""
     clips = {prompt: draw(video_pipe, prompt, seed=0, steps=8) for prompt in CHECKED_PROMPTS}
     misses = {prompt: motion_misses(frames, prompt) for prompt, frames in clips.items()}
