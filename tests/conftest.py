@@ -20,10 +20,12 @@ import os
 import pytest
 import torch
 
-#: The suite runs on pytest-xdist workers (``-n`` in pyproject.toml), which share the machine's cores: each worker's
-#: torch computes on its share, where every worker's default (all cores) would oversubscribe them.
+from paradiff.cli.argument_checks import threads_per_rank
+
+#: The suite runs on pytest-xdist workers (``-n`` in pyproject.toml), which share the machine's cores as the CLI's ranks
+#: do: each worker's torch computes on its share, where every worker's default (all cores) would oversubscribe them.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    torch.set_num_threads(threads_per_rank(None, int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 #: The lines tests reported through the ``report`` fixture, gathered where the run's summary is printed.
 REPORTED: list[str] = []
