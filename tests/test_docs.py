@@ -2,12 +2,16 @@
 
 The commands are the ``bash`` blocks of README.md, docs/cli.md, docs/builtin-models.md and docs/planner.md (each
 once), run on this machine's CPU; commands that need a GPU, a hub model or the user's own files belong in ``text``
-blocks, which are not run.
+blocks, which are not run. The benchmark, training and CLI commands of every page's blocks, which take minutes to
+hours or need what this machine lacks, are checked as far as their own argument parsers: every flag and value parses.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import re
+import runpy
 import shlex
 from pathlib import Path
 
@@ -139,3 +143,71 @@ def test_documented_command_runs(pool2, path, command, tmp_path):
     args = shlex.split(command)
     code, _, err = cli_on_ranks(pool2, *args[1:], cwd=str(tmp_path))
     assert code == 0, f"{path.name}: `{command}` exited {code}:\n{err[-2000:]}"
+
+
+#: A command line that runs a benchmark script, a paradiff module or the CLI.
+PARSED = re.compile(r"^(python (benchmarks/\S+\.py|-m paradiff\.\S+)|paradiff [a-z])")
+
+
+def parsed_commands() -> list[tuple[Path, str]]:
+    """Every page's command lines, in any code block, that :data:`PARSED` matches, each once (continuations joined,
+    comments dropped), but usage synopses (``[--flag X]``), whose words are no command."""
+    found: dict[str, Path] = {}
+    for path in LINKED:
+        for _, body in FENCE.findall(path.read_text()):
+            for line in body.replace("\\\n", " ").splitlines():
+                line = " ".join(line.split(" #")[0].split())
+                if PARSED.match(line) and "[" not in line:
+                    found.setdefault(line, path)
+    return [(path, command) for command, path in found.items()]
+
+
+PARSED_CASES = parsed_commands()
+
+
+class _Parsed(Exception):
+    """Raised where a command's parser has accepted its arguments, before it does any work."""
+
+
+def parse_as_written(command: str, monkeypatch) -> None:
+    """Run ``command`` in this process up to its argument parser's ``parse_args``, and stop there."""
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        parse_args(parser, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    words = shlex.split(command)
+    if words[0] == "paradiff":
+        from paradiff.cli import main
+
+        main(words[1:])
+    elif words[1] == "-m":
+        importlib.import_module(words[2]).main(words[3:])
+    else:
+        monkeypatch.setattr("sys.argv", words[1:])
+        monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+        runpy.run_path(str(ROOT / words[1]), run_name="__main__")
+
+
+def test_the_parsed_commands_include_every_kind():
+    """The collection finds benchmark scripts, training modules and CLI lines, and skips synopses."""
+    commands = [command for _, command in PARSED_CASES]
+    assert any(command.startswith("python benchmarks/") for command in commands), commands
+    assert any(command.startswith("python -m paradiff.builtin.video_train") for command in commands), commands
+    assert any(command.startswith("paradiff generate") for command in commands), commands
+    assert not any("[" in command for command in commands)
+
+
+@pytest.mark.parametrize(
+    ("path", "command"), PARSED_CASES, ids=[f"{path.name}:{command[:70]}" for path, command in PARSED_CASES]
+)
+def test_documented_command_parses(path, command, monkeypatch, capsys):
+    """Each command gets as far as its parser's ``parse_args`` and its arguments parse: a flag renamed or dropped
+    since the page was written fails here. What the command then does is not run."""
+    try:
+        with pytest.raises(_Parsed):
+            parse_as_written(command, monkeypatch)
+    except SystemExit as error:
+        pytest.fail(f"{path.name}: `{command}` did not parse (exit {error.code}):\n{capsys.readouterr().err[-1500:]}")
