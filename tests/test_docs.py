@@ -90,22 +90,29 @@ def test_links_resolve(path):
     assert not broken_links(path), broken_links(path)
 
 
+def block_lines(path: Path, language: str | None = None) -> list[str]:
+    """The non-empty lines of ``path``'s code blocks (of ``language`` only, when given), continuations joined and
+    comments dropped."""
+    lines = []
+    for block_language, body in FENCE.findall(path.read_text()):
+        if language is None or block_language == language:
+            for line in body.replace("\\\n", " ").splitlines():
+                line = line.split(" #")[0].strip() if not line.lstrip().startswith("#") else ""
+                lines += [line] if line else []
+    return lines
+
+
 def commands(path: Path) -> list[str]:
-    """The commands of ``path``'s ``bash`` blocks worth running here: continuations joined, comments
-    dropped, leading ``pip install ... &&`` segments dropped (the test environment has them), and the
-    test command itself and launcher lines (``torchrun``, ``accelerate``) left out."""
+    """The commands of ``path``'s ``bash`` blocks worth running here (:func:`block_lines`), leading ``pip install
+    ... &&`` segments dropped (the test environment has them), and the test command itself and launcher lines
+    (``torchrun``, ``accelerate``) left out."""
     found = []
-    for language, body in FENCE.findall(path.read_text()):
-        if language != "bash":
-            continue
-        for line in body.replace("\\\n", " ").splitlines():
-            line = line.split(" #")[0].strip() if not line.lstrip().startswith("#") else ""
-            parts = [part.strip() for part in line.split("&&")]
-            while parts and parts[0].startswith("pip install"):
-                parts.pop(0)
-            line = " && ".join(parts)
-            if not line or re.search(r"pytest|diffusers_floor\.sh|^(torchrun|accelerate)\b", line):
-                continue
+    for line in block_lines(path, "bash"):
+        parts = [part.strip() for part in line.split("&&")]
+        while parts and parts[0].startswith("pip install"):
+            parts.pop(0)
+        line = " && ".join(parts)
+        if line and not re.search(r"pytest|diffusers_floor\.sh|^(torchrun|accelerate)\b", line):
             found.append(line)
     return found
 
@@ -150,15 +157,14 @@ PARSED = re.compile(r"^(python (benchmarks/\S+\.py|-m paradiff\.\S+)|paradiff [a
 
 
 def parsed_commands() -> list[tuple[Path, str]]:
-    """Every page's command lines, in any code block, that :data:`PARSED` matches, each once (continuations joined,
-    comments dropped), but usage synopses (``[--flag X]``), whose words are no command."""
+    """Every page's command lines, in any code block (:func:`block_lines`), that :data:`PARSED` matches and no other
+    test runs, each once, but usage synopses (``[--flag X]``), whose words are no command."""
+    run = {README_FIRST, *(command for _, command in CASES)}
     found: dict[str, Path] = {}
     for path in LINKED:
-        for _, body in FENCE.findall(path.read_text()):
-            for line in body.replace("\\\n", " ").splitlines():
-                line = " ".join(line.split(" #")[0].split())
-                if PARSED.match(line) and "[" not in line:
-                    found.setdefault(line, path)
+        for line in block_lines(path):
+            if PARSED.match(line) and "[" not in line and line not in run:
+                found.setdefault(line, path)
     return [(path, command) for command, path in found.items()]
 
 
@@ -192,12 +198,11 @@ def parse_as_written(command: str, monkeypatch) -> None:
 
 
 def test_the_parsed_commands_include_every_kind():
-    """The collection finds benchmark scripts, training modules and CLI lines, and skips synopses."""
+    """The collection finds benchmark scripts, training modules and CLI lines."""
     commands = [command for _, command in PARSED_CASES]
     assert any(command.startswith("python benchmarks/") for command in commands), commands
     assert any(command.startswith("python -m paradiff.builtin.video_train") for command in commands), commands
     assert any(command.startswith("paradiff generate") for command in commands), commands
-    assert not any("[" in command for command in commands)
 
 
 @pytest.mark.parametrize(
