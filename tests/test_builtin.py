@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import sys
@@ -269,6 +270,40 @@ def test_tuning_from_a_written_model_refuses_what_it_cannot_run(short_run, tmp_p
     with pytest.raises(SystemExit):
         training.main(["--out", str(tmp_path), "--tune-from", str(short_run), "--dit-tune", "2", "--unet-tune", "2"])
     assert "--tune-from need --encoders" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+@pytest.mark.timeout(300)
+def test_a_wider_dit_is_trained_and_tuned_again_at_its_width(short_run, tmp_path):
+    """``--dit-width``: the DiT written has that many 32-wide heads, and ``--tune-from`` it builds the same width
+    (not the default's, whose weights would not fit)."""
+    import paradiff.builtin.train as training
+
+    denoiser = ["--encoders", str(short_run / "sd"), "--denoisers", "dit", "--scale", "0.001"]
+    training.main(["--out", str(tmp_path / "wide"), *denoiser, "--dit-width", "96"])
+    config = json.loads((tmp_path / "wide" / "pixart" / "transformer" / "config.json").read_text())
+    assert (config["num_attention_heads"], config["attention_head_dim"], config["cross_attention_dim"]) == (3, 32, 96)
+    training.main(
+        ["--out", str(tmp_path / "tuned"), *denoiser, "--tune-from", str(tmp_path / "wide"), "--dit-tune", "2"]
+    )
+    tuned = weights_in(tmp_path / "tuned" / "pixart" / "transformer")
+    assert tuned["caption_projection.linear_1.weight"].shape == (96, 64)  # width x text width
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--dit-width", "100"], "argument --dit-width: '100' is not a multiple of the 32-wide heads"),
+        (["--dit-width", "0"], "argument --dit-width: '0' is not a multiple of the 32-wide heads"),
+        (["--tune-from", "DIR", "--dit-tune", "2", "--dit-width", "96"], "--tune-from keeps the written DiT's width"),
+    ],
+)
+def test_the_training_script_refuses_a_dit_width_it_cannot_build(short_run, tmp_path, capsys, flags, refusal):
+    import paradiff.builtin.train as training
+
+    with pytest.raises(SystemExit):
+        training.main(["--out", str(tmp_path), "--encoders", str(short_run / "sd"), "--denoisers", "dit", *flags])
+    assert refusal in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "nothing is written"
 
 

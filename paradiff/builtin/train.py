@@ -63,6 +63,8 @@ from transformers import CLIPTextModel
 from ..errors import ParadiffError
 from . import WEIGHTS
 from .configs import (
+    DIT_HEAD_DIM,
+    DIT_WIDTH,
     IMAGE_SIZE,
     NOISE_SCHEDULE,
     PROMPT_TOKENS,
@@ -121,6 +123,13 @@ def parse_loss_weight(text: str) -> float:
     if not weight >= 0:
         raise argparse.ArgumentTypeError(f"{text} is below 0; give 0 (no extra weight) or more, e.g. 5")
     return weight
+
+
+def parse_dit_width(text: str) -> int:
+    """``--dit-width``'s value: a whole number of the DiT's heads."""
+    if not text.isdigit() or int(text) == 0 or int(text) % DIT_HEAD_DIM:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a multiple of the {DIT_HEAD_DIM}-wide heads; e.g. 256")
+    return int(text)
 
 
 def log(message: str) -> None:
@@ -648,6 +657,7 @@ def train(
     checkpoints: Path | None = None,
     hold_out: bool = False,
     dit_patch: int = 4,
+    dit_width: int = DIT_WIDTH,
     dit_steps: int | None = None,
     dit_tune: int = 0,
     unet_tune: int = 0,
@@ -658,8 +668,9 @@ def train(
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
     ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
-    it; with ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``
-    and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size and training steps; a
+    it; with ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``,
+    ``dit_width`` and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size, width and
+    training steps; a
     stage resumed with more steps than it was saved under goes on with the longer run's learning rate; ``dit_tune``
     steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net;
     ``shape_weight`` is :func:`tune`'s extra weight on the shape region; ``decoder_tune`` steps of
@@ -732,15 +743,16 @@ def train(
         dit_latents = latents * vae.config.scaling_factor
         if not retune:
             torch.manual_seed(seed + 7)
-            dit = build_dit(dit_patch)
+            dit = build_dit(dit_patch, dit_width)
             generator = torch.Generator().manual_seed(seed + 4)
             resumable = Resumable(checkpoints / "dit.pt", {"dit": dit}, generator) if checkpoints else None
             batches = denoiser_batches(dit_latents, captions, tokenizer, generator)
             train_dit(dit, text_encoder, batches, scaled(DIT_STEPS) if dit_steps is None else dit_steps, resumable)
         else:
             written = tune_from / "pixart" / "transformer"
-            patch = PixArtTransformer2DModel.load_config(written)["patch_size"]
-            dit = with_written_weights(build_dit(patch), written)
+            config = PixArtTransformer2DModel.load_config(written)
+            width = config["num_attention_heads"] * config["attention_head_dim"]
+            dit = with_written_weights(build_dit(config["patch_size"], width), written)
         if dit_tune:
             generator = torch.Generator().manual_seed(seed + (RETUNE_SEED if retune else 11))
             batches = denoiser_batches(dit_latents, captions, tokenizer, generator, True, kind_maps)
@@ -771,6 +783,12 @@ def main(argv: list[str] | None = None) -> None:
         "--hold-out", action="store_true", help="leave the held-out prompts' shapes out of the denoisers' data"
     )
     parser.add_argument("--dit-patch", type=int, choices=(2, 4), default=4, help="the DiT's patch size in latents")
+    parser.add_argument(
+        "--dit-width",
+        type=parse_dit_width,
+        default=DIT_WIDTH,
+        help=f"the DiT's width, a multiple of {DIT_HEAD_DIM} (default: {DIT_WIDTH})",
+    )
     parser.add_argument("--dit-steps", type=int, help=f"the DiT's training steps (default: {DIT_STEPS} x --scale)")
     parser.add_argument(
         "--dit-tune",
@@ -821,6 +839,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--tune-from runs only tuning stages; give --{untuned[0]}-tune N, or leave {untuned[0]} out of --denoisers"
         )
+    if args.tune_from and args.dit_width != DIT_WIDTH:
+        parser.error("--tune-from keeps the written DiT's width; leave out --dit-width")
     if args.tune_from and args.dit_steps is not None:
         parser.error("--tune-from skips the DiT's training stage, so --dit-steps has nothing to count")
     torch.set_num_threads(args.threads)
@@ -835,6 +855,7 @@ def main(argv: list[str] | None = None) -> None:
             args.checkpoints,
             args.hold_out,
             args.dit_patch,
+            args.dit_width,
             args.dit_steps,
             args.dit_tune,
             args.unet_tune,
