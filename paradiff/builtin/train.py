@@ -25,7 +25,8 @@ loads them as float32 unless told otherwise), the shared components once, linked
 measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers dit`` trains the DiT alone on an
 earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the denoisers' stages' state every
 :data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
-and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps; ``--dit-tune N`` then
+and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps, ``--dit-width W`` one W
+wide; ``--dit-tune N`` then
 tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune`), and
 ``--unet-tune N`` the U-Net; ``--shape-weight W`` has those stages also count the loss W times more where the
 shape's colour shows; ``--encoders DIR --denoisers --decoder-tune N`` tunes the decoder of DIR's VAE alone;
