@@ -293,8 +293,9 @@ def test_a_wider_dit_is_trained_and_tuned_again_at_its_width(short_run, tmp_path
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
-        (["--dit-width", "100"], "argument --dit-width: '100' is not a multiple of the 32-wide heads"),
-        (["--dit-width", "0"], "argument --dit-width: '0' is not a multiple of the 32-wide heads"),
+        (["--dit-width", "100"], "argument --dit-width: 100 is not a multiple of the 32-wide heads; e.g. 256"),
+        (["--dit-width", "0"], "argument --dit-width: 0 is not a multiple of the 32-wide heads"),
+        (["--dit-width", "wide"], "argument --dit-width: 'wide' is no number; give one, e.g. 256"),
         (["--tune-from", "DIR", "--dit-tune", "2", "--dit-width", "96"], "--tune-from keeps the written DiT's width"),
     ],
 )

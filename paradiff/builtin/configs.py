@@ -133,19 +133,24 @@ DIT_HEAD_DIM = 32
 DIT_WIDTH = 128
 
 
+def dit_heads(width: int) -> int:
+    """The DiT's heads at ``width``, refused unless a whole number of them (more than none) makes it."""
+    if width <= 0 or width % DIT_HEAD_DIM:
+        raise ValueError(f"{width} is not a multiple of the {DIT_HEAD_DIM}-wide heads; e.g. {2 * DIT_WIDTH}")
+    return width // DIT_HEAD_DIM
+
+
 def build_dit(patch_size: int = 4, width: int = DIT_WIDTH) -> PixArtTransformer2DModel:
     """The DiT, of patches of 4x4 latents by default; the shipped one has patches of 2x2, which give it four times
     the tokens, and the compute, at a given picture size. ``width`` (a multiple of :data:`DIT_HEAD_DIM`) sets its
     heads; the shipped pictures' DiT is :data:`DIT_WIDTH` wide."""
-    if width % DIT_HEAD_DIM:
-        raise ValueError(f"DiT width {width} is not a multiple of the {DIT_HEAD_DIM}-wide heads; use {DIT_WIDTH}")
     return PixArtTransformer2DModel(
         sample_size=LATENT_SIZE,
         patch_size=patch_size,
         in_channels=LATENT_CHANNELS,
         out_channels=LATENT_CHANNELS,
         num_layers=6,
-        num_attention_heads=width // DIT_HEAD_DIM,
+        num_attention_heads=dit_heads(width),
         attention_head_dim=DIT_HEAD_DIM,
         cross_attention_dim=width,
         caption_channels=TEXT_WIDTH,

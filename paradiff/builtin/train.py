@@ -24,14 +24,13 @@ loads them as float32 unless told otherwise), the shared components once, linked
 ``--hold-out`` leaves the scenes that show a shape of ``scenes.HELD_OUT_PROMPTS`` out of the data, so the follow
 measure's rates are on prompts the model never saw; ``--encoders DIR --denoisers dit`` trains the DiT alone on an
 earlier run's VAE and text encoder; ``--checkpoints DIR`` saves the denoisers' stages' state every
-:data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2``
-and ``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps, ``--dit-width W`` one W
-wide; ``--dit-tune N`` then
-tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows (:func:`tune`), and
-``--unet-tune N`` the U-Net; ``--shape-weight W`` has those stages also count the loss W times more where the
-shape's colour shows; ``--encoders DIR --denoisers --decoder-tune N`` tunes the decoder of DIR's VAE alone;
-``--tune-from MODEL`` starts the tuning stages from a written model's denoisers (trained on ``--encoders``) instead
-of training them first.
+:data:`CHECKPOINT_EVERY` steps and resumes from it, ending with the weights of an unbroken run; ``--dit-patch 2`` and
+``--dit-steps N`` train a DiT of 2x2-latent patches (four times the tokens) for N steps, ``--dit-width W`` one W wide;
+``--dit-tune N`` then tunes it N steps, mostly at high noise and with the loss weighted up where the kind shows
+(:func:`tune`), and ``--unet-tune N`` the U-Net; ``--shape-weight W`` has those stages also count the loss W times more
+where the shape's colour shows; ``--encoders DIR --denoisers --decoder-tune N`` tunes the decoder of DIR's VAE alone;
+``--tune-from MODEL`` starts the tuning stages from a written model's denoisers (trained on ``--encoders``) instead of
+training them first.
 
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
@@ -64,7 +63,6 @@ from transformers import CLIPTextModel
 from ..errors import ParadiffError
 from . import WEIGHTS
 from .configs import (
-    DIT_HEAD_DIM,
     DIT_WIDTH,
     IMAGE_SIZE,
     NOISE_SCHEDULE,
@@ -76,6 +74,7 @@ from .configs import (
     build_tokenizer,
     build_unet,
     build_vae,
+    dit_heads,
 )
 from .scenes import PLACES, Scene, make_scenes, shows_held_out
 
@@ -127,9 +126,12 @@ def parse_loss_weight(text: str) -> float:
 
 
 def parse_dit_width(text: str) -> int:
-    """``--dit-width``'s value: a whole number of the DiT's heads."""
-    if not text.isdigit() or int(text) == 0 or int(text) % DIT_HEAD_DIM:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a multiple of the {DIT_HEAD_DIM}-wide heads; e.g. 256")
+    """``--dit-width``'s value: a whole number of the DiT's heads (:func:`~paradiff.builtin.configs.dit_heads`)."""
+    try:
+        dit_heads(int(text))
+    except ValueError as error:
+        message = str(error) if text.lstrip("-").isdigit() else f"{text!r} is no number; give one, e.g. {2 * DIT_WIDTH}"
+        raise argparse.ArgumentTypeError(message) from None
     return int(text)
 
 
@@ -668,17 +670,16 @@ def train(
     vae_contrast: float = 0.0,
 ) -> None:
     """All stages, or with ``encoders`` (an earlier run's ``sd/`` folder) its VAE and text encoder and the
-    ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from
-    it; with ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``,
+    ``denoisers``; with ``checkpoints`` (a folder) each denoiser's stages save their state there and resume from it;
+    with ``hold_out`` the denoisers never see a held-out prompt's shape (see :func:`encode_dataset`). ``dit_patch``,
     ``dit_width`` and ``dit_steps`` (default: the scaled :data:`DIT_STEPS`) change the DiT's patch size, width and
-    training steps; a
-    stage resumed with more steps than it was saved under goes on with the longer run's learning rate; ``dit_tune``
-    steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the U-Net;
-    ``shape_weight`` is :func:`tune`'s extra weight on the shape region; ``decoder_tune`` steps of
+    training steps; a stage resumed with more steps than it was saved under goes on with the longer run's learning rate;
+    ``dit_tune`` steps of :func:`tune` follow, and the DiT written is their average; ``unet_tune`` does the same for the
+    U-Net; ``shape_weight`` is :func:`tune`'s extra weight on the shape region; ``decoder_tune`` steps of
     :func:`tune_decoder` follow the text encoder (with ``encoders`` and no ``denoisers``, only they run, and the
-    encoders' folder is written with the new VAE); with ``tune_from`` (a written model folder, trained on
-    ``encoders``) the ``denoisers`` are its own, their training stages do not run, and their tuning stages go on
-    from them (``tune(..., retune=True)``); ``vae_contrast`` is :func:`train_vae`'s ``contrast``."""
+    encoders' folder is written with the new VAE); with ``tune_from`` (a written model folder, trained on ``encoders``)
+    the ``denoisers`` are its own, their training stages do not run, and their tuning stages go on from them
+    (``tune(..., retune=True)``); ``vae_contrast`` is :func:`train_vae`'s ``contrast``."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -788,7 +789,7 @@ def main(argv: list[str] | None = None) -> None:
         "--dit-width",
         type=parse_dit_width,
         default=DIT_WIDTH,
-        help=f"the DiT's width, a multiple of {DIT_HEAD_DIM} (default: {DIT_WIDTH})",
+        help=f"the DiT's width, a whole number of 32-wide heads (default: {DIT_WIDTH})",
     )
     parser.add_argument("--dit-steps", type=int, help=f"the DiT's training steps (default: {DIT_STEPS} x --scale)")
     parser.add_argument(
