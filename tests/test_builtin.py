@@ -297,6 +297,7 @@ def test_a_wider_dit_is_trained_and_tuned_again_at_its_width(short_run, tmp_path
         (["--dit-width", "0"], "argument --dit-width: 0 is not a multiple of the 32-wide heads"),
         (["--dit-width", "wide"], "argument --dit-width: 'wide' is no number; give one, e.g. 256"),
         (["--tune-from", "DIR", "--dit-tune", "2", "--dit-width", "96"], "--tune-from keeps the written DiT's width"),
+        (["--tune-from", "DIR", "--dit-tune", "2", "--dit-width", "128"], "--tune-from keeps the written DiT's width"),
     ],
 )
 def test_the_training_script_refuses_a_dit_width_it_cannot_build(short_run, tmp_path, capsys, flags, refusal):

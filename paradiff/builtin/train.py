@@ -128,11 +128,14 @@ def parse_loss_weight(text: str) -> float:
 def parse_dit_width(text: str) -> int:
     """``--dit-width``'s value: a whole number of the DiT's heads (:func:`~paradiff.builtin.configs.dit_heads`)."""
     try:
-        dit_heads(int(text))
+        width = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no number; give one, e.g. {2 * DIT_WIDTH}") from None
+    try:
+        dit_heads(width)
     except ValueError as error:
-        message = str(error) if text.lstrip("-").isdigit() else f"{text!r} is no number; give one, e.g. {2 * DIT_WIDTH}"
-        raise argparse.ArgumentTypeError(message) from None
-    return int(text)
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return width
 
 
 def log(message: str) -> None:
@@ -788,7 +791,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dit-width",
         type=parse_dit_width,
-        default=DIT_WIDTH,
         help=f"the DiT's width, a whole number of 32-wide heads (default: {DIT_WIDTH})",
     )
     parser.add_argument("--dit-steps", type=int, help=f"the DiT's training steps (default: {DIT_STEPS} x --scale)")
@@ -841,7 +843,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--tune-from runs only tuning stages; give --{untuned[0]}-tune N, or leave {untuned[0]} out of --denoisers"
         )
-    if args.tune_from and args.dit_width != DIT_WIDTH:
+    if args.tune_from and args.dit_width is not None:
         parser.error("--tune-from keeps the written DiT's width; leave out --dit-width")
     if args.tune_from and args.dit_steps is not None:
         parser.error("--tune-from skips the DiT's training stage, so --dit-steps has nothing to count")
@@ -857,7 +859,7 @@ def main(argv: list[str] | None = None) -> None:
             args.checkpoints,
             args.hold_out,
             args.dit_patch,
-            args.dit_width,
+            DIT_WIDTH if args.dit_width is None else args.dit_width,
             args.dit_steps,
             args.dit_tune,
             args.unet_tune,
