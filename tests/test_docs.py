@@ -4,12 +4,16 @@ The commands are the ``bash`` blocks of README.md, docs/cli.md, docs/builtin-mod
 once), run on this machine's CPU; commands that need a GPU, a hub model or the user's own files belong in ``text``
 blocks, which are not run. The benchmark, training and CLI commands of every page's blocks, which take minutes to
 hours or need what this machine lacks, are checked as far as their own argument parsers: every flag and value parses.
+The ``python -c`` programs of every page, in blocks or inline, are checked as far as they can be without running
+them: their imports resolve and each call of what they import takes the arguments it is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import inspect
 import re
 import runpy
 import shlex
@@ -216,3 +220,98 @@ def test_documented_command_parses(path, command, monkeypatch, capsys):
             parse_as_written(command, monkeypatch)
     except SystemExit as error:
         pytest.fail(f"{path.name}: `{command}` did not parse (exit {error.code}):\n{capsys.readouterr().err[-1500:]}")
+
+
+#: A ``python -c`` program, in a code block or inline: its quoted source.
+PYTHON_C = re.compile(r"""python -c (["'])(.*?)\1""", re.S)
+
+PROGRAMS = [(path, match[1]) for path in LINKED for match in PYTHON_C.findall(path.read_text())]
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> dict[str, object]:
+    """The names an import statement binds, and what they are bound to (it imports as Python would)."""
+    if isinstance(node, ast.Import):
+        return {
+            alias.asname or alias.name.partition(".")[0]: importlib.import_module(
+                alias.name if alias.asname else alias.name.partition(".")[0]
+            )
+            for alias in node.names
+        }
+    module = importlib.import_module(node.module)
+    bound = {}
+    for alias in node.names:
+        try:
+            bound[alias.asname or alias.name] = getattr(module, alias.name)
+        except AttributeError:
+            bound[alias.asname or alias.name] = importlib.import_module(f"{node.module}.{alias.name}")
+    return bound
+
+
+def resolve(expression: ast.expr, names: dict[str, object]):
+    """What a dotted name of ``names``' (``T.train_vae``) is, or None where its root is not one of them."""
+    if isinstance(expression, ast.Name):
+        return names.get(expression.id)
+    if isinstance(expression, ast.Attribute):
+        owner = resolve(expression.value, names)
+        if owner is not None:
+            if not hasattr(owner, expression.attr):
+                raise AttributeError(f"{ast.unparse(expression.value)} has no {expression.attr!r}")
+            return getattr(owner, expression.attr)
+    return None
+
+
+def program_problems(source: str) -> list[str]:
+    """Why ``source`` would fail before doing its work: an import that does not resolve, a name its module lacks, or
+    a call of what it imported whose arguments the callee's signature does not take."""
+    try:
+        tree = ast.parse(source)
+        names = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names.update(imported(node))
+    except (SyntaxError, ImportError) as error:
+        return [f"{type(error).__name__}: {error}"]
+    problems = []
+    for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call)):
+        try:
+            callee = resolve(call.func, names)
+        except AttributeError as error:
+            problems.append(str(error))
+            continue
+        if (
+            callee is None
+            or any(isinstance(arg, ast.Starred) for arg in call.args)
+            or None in (keyword.arg for keyword in call.keywords)
+        ):
+            continue
+        try:
+            signature = inspect.signature(callee)
+        except (TypeError, ValueError):  # a builtin without one
+            continue
+        try:
+            signature.bind(*call.args, **{keyword.arg: keyword.value for keyword in call.keywords})
+        except TypeError as error:
+            problems.append(f"{ast.unparse(call)}: {error}")
+    return problems
+
+
+def test_the_pages_python_programs_are_found():
+    """Both forms are collected: the run log's multi-line block and the inline one-liner."""
+    assert any("\n" in source for _, source in PROGRAMS), PROGRAMS
+    assert any("\n" not in source for _, source in PROGRAMS), PROGRAMS
+
+
+def test_a_broken_python_program_is_caught():
+    assert not program_problems("import json\nfrom pathlib import Path\njson.dumps({}, indent=2); Path('x')")
+    assert program_problems("from paradiff.builtin import train as T\nT.train_vae(1, 2, 3, contrasts=0.1)")
+    assert program_problems("from paradiff.builtin import train as T\nT.train_the_vae(1)")
+    assert program_problems("from paradiff.builtin import no_such_module")
+    assert program_problems("print(")
+
+
+@pytest.mark.parametrize(
+    ("path", "source"), PROGRAMS, ids=[f"{path.name}:{source.strip()[:50]}" for path, source in PROGRAMS]
+)
+def test_documented_python_program_binds(path, source):
+    """A function renamed, moved or given other parameters since the page was written fails here."""
+    assert not program_problems(source), f"{path.name}: {program_problems(source)}"
