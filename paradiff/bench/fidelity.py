@@ -1,10 +1,11 @@
 """How close each run's images or videos are to the one-device ones: PSNR, SSIM and, when available offline, LPIPS.
 
-Images go through torchmetrics' functional API, in [0, 1]. Videos are scored frame by frame with
-:mod:`paradiff.metrics` (the same SSIM figure as torchmetrics'), since a single bad frame matters
-in a video: each frame's PSNR and SSIM, their mean and worst, and the flicker of both videos.
-LPIPS needs torchvision (the build for this torch) and the ImageNet AlexNet weights in torch's hub
-cache; paradiff never downloads them, it reports why LPIPS was skipped.
+PSNR and SSIM come from :mod:`paradiff.metrics` for images and video frames alike: its SSIM is torchmetrics'
+figure, computed with a separable window in numpy, where torchmetrics' float64 convolution on the CPU costs
+seconds per image (the bench scores every image of every run). Videos are scored frame by frame, since a single
+bad frame matters in a video: each frame's PSNR and SSIM, their mean and worst, and the flicker of both videos.
+LPIPS, from torchmetrics, needs torchvision (the build for this torch) and the ImageNet AlexNet weights in torch's
+hub cache; paradiff never downloads them, it reports why LPIPS was skipped.
 """
 
 from __future__ import annotations
@@ -14,11 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchmetrics.functional.image import (
-    learned_perceptual_image_patch_similarity,
-    peak_signal_noise_ratio,
-    structural_similarity_index_measure,
-)
+from torchmetrics.functional.image import learned_perceptual_image_patch_similarity
 
 from ..metrics import frame_changes, psnr, ssim
 
@@ -43,19 +40,16 @@ def lpips_unavailable_reason() -> str | None:
 
 def fidelity(images: list[np.ndarray], references: list[np.ndarray], with_lpips: bool) -> list[dict]:
     """Per image pair: ``psnr_db`` (``inf`` when identical), ``ssim`` and ``lpips`` (None without LPIPS)."""
-    preds, targets = _batch(images), _batch(references)
-    psnr = peak_signal_noise_ratio(preds, targets, data_range=1.0, reduction="none", dim=(1, 2, 3))
-    ssim = structural_similarity_index_measure(preds, targets, data_range=1.0, reduction="none")
-    lpips = _lpips(preds, targets) if with_lpips else [None] * len(images)
+    lpips = _lpips(_batch(images), _batch(references)) if with_lpips else [None] * len(images)
     return [
-        {"psnr_db": float(p), "ssim": float(s), "lpips": score}
-        for p, s, score in zip(psnr.tolist(), ssim.tolist(), lpips, strict=True)
+        {"psnr_db": psnr(image, reference), "ssim": ssim(image, reference), "lpips": score}
+        for image, reference, score in zip(images, references, lpips, strict=True)
     ]
 
 
 def _batch(images: list[np.ndarray]) -> torch.Tensor:
-    """(N, 3, H, W) float64 from N (H, W, 3) arrays; float64 so that tiny round-off differences still count."""
-    return torch.from_numpy(np.stack(images).astype(np.float64)).permute(0, 3, 1, 2)
+    """(N, 3, H, W) from N (H, W, 3) arrays, as LPIPS takes them."""
+    return torch.from_numpy(np.stack(images).astype(np.float32)).permute(0, 3, 1, 2)
 
 
 def video_fidelity(videos: list[np.ndarray], references: list[np.ndarray], with_lpips: bool) -> list[dict]:
@@ -92,6 +86,6 @@ def video_fidelity(videos: list[np.ndarray], references: list[np.ndarray], with_
 
 def _lpips(preds: torch.Tensor, targets: torch.Tensor) -> list[float]:
     scores = learned_perceptual_image_patch_similarity(
-        preds.float(), targets.float(), net_type="alex", reduction="none", normalize=True
+        preds, targets, net_type="alex", reduction="none", normalize=True
     )
     return [float(score) for score in scores.reshape(-1)]
