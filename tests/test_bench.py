@@ -51,6 +51,8 @@ def test_bench_on_two_ranks_writes_every_report_file(pool2, tmp_path):
     assert baseline["speedup"] == 1.0 and baseline["psnr_db"] is None and baseline["ssim"] == 1.0
     displaced = rows["patch warmup=1"]
     assert displaced["bytes_per_step"] > 0 and 20 < displaced["psnr_db"] < 200
+    scores = [prompt["psnr_db"] for prompt in displaced["per_prompt"]]
+    assert displaced["psnr_db_worst"] == min(scores) < max(scores), "the worst prompt's, not the mean"
     assert rows["cfg"]["psnr_db"] is None or rows["cfg"]["psnr_db"] > 80, "the cfg split is exact"
     guarded = rows["patch floor=30 dB"]
     assert guarded["fidelity_floor_db"] == 30 and guarded["warmup"] is None and guarded["psnr_db"] >= 30
@@ -63,7 +65,8 @@ def test_bench_on_two_ranks_writes_every_report_file(pool2, tmp_path):
     assert results["config"]["command"] in page and "patch warmup=1" in page
     for image in ("speedup-vs-psnr.png", displaced["grid"], rows["patch warmup=3"]["grid"]):
         assert (out / image).is_file() and f'src="{image}"' in page
-    assert "| patch warmup=3 |" in (out / "report.md").read_text()
+    markdown = (out / "report.md").read_text()
+    assert "| patch warmup=3 |" in markdown and " | PSNR dB | worst-prompt PSNR dB | SSIM |" in markdown
 
 
 def test_a_size_the_ranks_cannot_split_fails_on_every_rank_before_the_baseline(pool2, tmp_path):

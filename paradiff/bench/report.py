@@ -41,7 +41,17 @@ from .run import BenchResults, RunResult
 PLOT_FILE = "speedup-vs-psnr.png"
 FLICKER_FILE = "flicker.png"
 PSNR_NULL_NOTE = "psnr_db null: identical to the one-device image for at least one prompt (PSNR is infinite)"
-TABLE_HEADERS = ("run", "latency s", "speedup", "MB/step/rank", "comm wait s", "PSNR dB", "SSIM", "LPIPS")
+TABLE_HEADERS = (
+    "run",
+    "latency s",
+    "speedup",
+    "MB/step/rank",
+    "comm wait s",
+    "PSNR dB",
+    "worst-prompt PSNR dB",
+    "SSIM",
+    "LPIPS",
+)
 VIDEO_TABLE_HEADERS = (
     "run",
     "latency s",
@@ -129,7 +139,9 @@ JSON_ROW_KEYS = (
     "latency_s",
     "speedup",
     "psnr_db",
+    "psnr_db_worst",
     "ssim",
+    "ssim_worst",
     "lpips",
     "bytes_per_step",
     "wait_s",
@@ -139,14 +151,12 @@ JSON_ROW_KEYS = (
 def summary_json(written: WrittenReport) -> dict:
     """``paradiff bench --json``'s object: the files written (paths), the metrics and, per run, its figures.
 
-    Every figure is a number, or null: ``psnr_db`` of a run identical to one device (infinite), ``lpips``
-    when LPIPS was skipped (``lpips`` then says why), ``warmup``, ``strategy`` and ``cache`` where they do not apply.
+    Every figure is a number, or null: ``psnr_db`` (``psnr_db_worst``) of a run identical to one device on some
+    prompt (on every prompt), ``lpips`` when LPIPS was skipped (``lpips`` then says why), ``warmup``, ``strategy``
+    and ``cache`` where they do not apply.
     """
     document = written.document
     rows = [{key: row[key] for key in JSON_ROW_KEYS} for row in document["rows"]]
-    for row, full in zip(rows, document["rows"], strict=True):
-        if "psnr_db_worst" in full:
-            row |= {"psnr_db_worst": full["psnr_db_worst"], "ssim_worst": full["ssim_worst"]}
     summary = {
         "out": str(written.out),
         "files": [str(written.out / name) for name in written.files],
@@ -195,7 +205,8 @@ def _row(job: BenchJob, prompts: list[str], run: RunResult, baseline: RunResult,
     if video:
         return row | _video_figures_of_row(scores) | {"per_prompt": per_prompt}
     grid = None if spec == ONE_DEVICE else f"grid-{re.sub(r'[^A-Za-z0-9.]+', '-', spec.label)}.png"
-    return row | {"grid": grid, "per_prompt": per_prompt}
+    worst = {"psnr_db_worst": min(one["psnr_db"] for one in scores), "ssim_worst": min(one["ssim"] for one in scores)}
+    return row | worst | {"grid": grid, "per_prompt": per_prompt}
 
 
 def _video_figures_of_row(scores: list[dict]) -> dict:
@@ -280,6 +291,7 @@ def _image_notes() -> list[str]:
         "bytes_per_step, wait_s: rank 0's bytes sent per denoising step and time blocked on communication "
         "per image (paradiff.comm_stats), median over prompts; 0 for one device",
         "psnr_db, ssim, lpips: mean over prompts against the one-device image with the same seed",
+        "psnr_db_worst, ssim_worst: the worst prompt's (a fidelity floor holds on every prompt only if it holds there)",
         PSNR_NULL_NOTE,
     ]
 
@@ -340,7 +352,7 @@ def _cells(row: dict, video: bool) -> list[str]:
         _decibels(row["psnr_db"]),
     ]
     if not video:
-        return [*cells, f"{row['ssim']:.4f}", lpips]
+        return [*cells, _decibels(row["psnr_db_worst"]), f"{row['ssim']:.4f}", lpips]
     return [
         *cells,
         _decibels(row["psnr_db_worst"]),
