@@ -3,14 +3,18 @@
     python benchmarks/fidelity_bench.py                      # 2 ranks: every displaced strategy, warm-ups, floors
     python benchmarks/fidelity_bench.py --nproc 4 --strategies patch,pipefusion,parastep
     python benchmarks/fidelity_bench.py --drift-only         # what the guard watches, one device
+    python benchmarks/fidelity_bench.py --held-out --warmup 1 # the follow measure's 24 held-out prompts
 
 First, on one device, how far each thing a guard could watch moves from one step to the next, in dB of its
 own size (20·log10(|x| / |x − x_prev|), smaller is further): the denoiser's input latent, the first block's
 input, a middle block's self-attention keys, and the prediction. Then ``paradiff bench`` on N ranks (one
 thread each) with every strategy × ``--warmup`` and × ``--floors``, on the built-in scenes: speedup, PSNR,
 SSIM and LPIPS (where its weights are on this machine) against one device, and the steps each guarded run
-refreshed (a floor's calibration runs once per size and is not in its time). Prints both tables; writes
-JSON (and the bench's own report under ``--out``).
+refreshed (a floor's calibration runs once per size and is not in its time), the worst prompt's PSNR, and how
+many prompts fell under their run's floor. The calibration runs on the first prompt: ``--held-out`` draws the
+follow measure's held-out prompts (``paradiff.builtin.scenes.HELD_OUT_PROMPTS``, each with its own seed), so the
+others show whether the floor holds on prompts it was not calibrated on. Prints both tables; writes JSON (and the
+bench's own report under ``--out``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from paradiff.bench.job import BenchJob
 from paradiff.bench.report import write_report_files
 from paradiff.bench.run import bench_on_rank
 from paradiff.builtin import call_kwargs
+from paradiff.builtin.scenes import HELD_OUT_PROMPTS
 from paradiff.loading import default_size, load_pipeline
 
 MODEL = "paradiff-tiny-dit"
@@ -77,13 +82,23 @@ def drift(steps: int, size: int) -> list[dict]:
     ]
 
 
+def under_floor(row: dict) -> str:
+    """How many of a bench row's prompts are under its floor ("" without one)."""
+    floor = row["fidelity_floor_db"]
+    scores = [prompt["psnr_db"] for prompt in row["per_prompt"]]
+    return "" if floor is None else f"{sum(score < floor for score in scores)} of {len(scores)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--strategies", default="patch,pipefusion,parastep,asyncdiff")
     parser.add_argument("--warmup", default="1,2,4")
     parser.add_argument("--floors", default="30,40")
-    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4, help="how many built-in scenes (default: 4)")
+    parser.add_argument(
+        "--held-out", action="store_true", help=f"the {len(HELD_OUT_PROMPTS)} held-out prompts instead of the scenes"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--size", type=int, default=None, help="default: the model's own")
     parser.add_argument("--drift-only", action="store_true")
@@ -106,7 +121,8 @@ def main() -> None:
             strategies=tuple(args.strategies.split(",")),
             warmups=tuple(int(w) for w in args.warmup.split(",")),
             nproc=args.nproc,
-            prompts=args.prompts,
+            prompts=len(HELD_OUT_PROMPTS) if args.held_out else args.prompts,
+            prompt_texts=HELD_OUT_PROMPTS if args.held_out else (),
             steps=args.steps,
             size=size,
             seed=0,
@@ -118,10 +134,11 @@ def main() -> None:
         with RankPool(args.nproc, timeout_s=7200, threads_per_rank=1) as pool:
             results = pool.run(bench_on_rank, job)[0]
         written = write_report_files(job, results)
-        keys = ("run", "speedup", "psnr_db", "ssim", "lpips", "refreshed")
-        print(f"\n{args.nproc} ranks, {args.prompts} prompts, {args.steps} steps, {size} px")
+        keys = ("run", "speedup", "psnr_db", "psnr_db_worst", "under_floor", "ssim", "lpips", "refreshed")
+        print(f"\n{args.nproc} ranks, {job.prompts} prompts, {args.steps} steps, {size} px")
         print("| " + " | ".join(keys) + " |\n|---|" + "---|" * (len(keys) - 1))
         for row in written.document["rows"]:
+            row["under_floor"] = under_floor(row)
             cells = [row[key] for key in keys]
             print("| " + " | ".join(c if isinstance(c, str) else "" if c is None else f"{c:.3g}" for c in cells) + " |")
         result["bench"] = {
