@@ -230,13 +230,13 @@ PROGRAMS = [(path, match[1]) for path in LINKED for match in PYTHON_C.findall(pa
 
 def imported(node: ast.Import | ast.ImportFrom) -> dict[str, object]:
     """The names an import statement binds, and what they are bound to (it imports as Python would)."""
-    if isinstance(node, ast.Import):
-        return {
-            alias.asname or alias.name.partition(".")[0]: importlib.import_module(
-                alias.name if alias.asname else alias.name.partition(".")[0]
-            )
-            for alias in node.names
-        }
+    if isinstance(node, ast.Import):  # ``import a.b`` imports a.b and binds a; ``import a.b as c`` binds a.b
+        bound = {}
+        for alias in node.names:
+            module = importlib.import_module(alias.name)
+            root = alias.name.partition(".")[0]
+            bound[alias.asname or root] = module if alias.asname else importlib.import_module(root)
+        return bound
     module = importlib.import_module(node.module)
     bound = {}
     for alias in node.names:
@@ -303,6 +303,7 @@ def test_the_pages_python_programs_are_found():
 
 def test_a_broken_python_program_is_caught():
     assert not program_problems("import json\nfrom pathlib import Path\njson.dumps({}, indent=2); Path('x')")
+    assert not program_problems("import email.mime.text\nemail.mime.text.MIMEText('x')")
     assert program_problems("from paradiff.builtin import train as T\nT.train_vae(1, 2, 3, contrasts=0.1)")
     assert program_problems("from paradiff.builtin import train as T\nT.train_the_vae(1)")
     assert program_problems("from paradiff.builtin import no_such_module")
