@@ -1,4 +1,4 @@
-"""``fidelity_floor_db``: the staleness guard's threshold, calibrated so that the final image holds a PSNR floor.
+"""``fidelity_floor_db``: the staleness guard's threshold, calibrated so that the call it runs on holds a PSNR floor.
 
 The guard (``runtime.staleness``) refreshes a displaced step when the prediction moved more than a threshold
 between the last two steps. Which threshold keeps the image within the floor depends on the model, the size and
@@ -7,7 +7,8 @@ the steps, so the first call of a shape calibrates it on the call itself, on the
 1. a reference run that refreshes every step: equal to one device, and it gives every step's movement;
 2. the candidate thresholds between those movements, each refreshing the k steps that moved most (k = 0 … all);
 3. a bisection for the fewest refreshes whose image is within ``floor + MARGIN_DB`` of the reference (the margin
-   is for other prompts and seeds than the calibration's). Refreshing all is exact and never needs a run.
+   is for seeds and prompts whose displaced steps cost a little more than the calibration's; a prompt that costs
+   much more can fall under the floor). Refreshing all is exact and never needs a run.
 
 The threshold is cached per model (its description: layers, adapters, weights' checksum, scheduler), call shape,
 steps, strategy and ranks, in ``$PARADIFF_CACHE_DIR`` (default ``~/.cache/paradiff``), so a process that asks

@@ -352,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="DB",
         help="hold the picture within this PSNR of one device's (e.g. 30): a step whose reused results moved too "
-        "far runs in sync; the first run of a size calibrates how far is too far and keeps it for later runs",
+        "far runs in sync; the first run of a size calibrates how far is too far on its prompt and keeps it for later "
+        "runs (other prompts can cost more)",
     )
     gen.add_argument("--frames", type=int, help="frames, for video pipelines (default: the model's own)")
     _add_workload(gen)

@@ -8,7 +8,7 @@ measures how far its last prediction moved from the one before (``moved_db``: 20
 smaller the further), the ranks agree on the smallest (one all-reduce of one number), and a step whose figure
 is below the threshold refreshes. A step before two predictions are known refreshes too: nothing to measure.
 
-The threshold is not the user's: it is calibrated so that the final image holds a PSNR floor
+The threshold is not the user's: it is calibrated so that the call it calibrates on holds a PSNR floor
 (``paradiff.fidelity_floor``). ``threshold_db=None`` refreshes every step (the calibration's reference run).
 """
 
