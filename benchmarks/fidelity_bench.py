@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--strategies", default="patch,pipefusion,parastep,asyncdiff")
     parser.add_argument("--warmup", default="1,2,4")
     parser.add_argument("--floors", default="30,40")
-    parser.add_argument("--prompts", type=int, default=4, help="how many built-in scenes (default: 4)")
+    parser.add_argument("--prompts", type=int, help="how many built-in scenes (default: 4)")
     parser.add_argument(
         "--held-out", action="store_true", help=f"the {len(HELD_OUT_PROMPTS)} held-out prompts instead of the scenes"
     )
@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--drift-only", action="store_true")
     parser.add_argument("--out", default="benchmarks/out/fidelity_bench")
     args = parser.parse_args()
+    if args.held_out and args.prompts is not None:
+        parser.error(f"--held-out draws the {len(HELD_OUT_PROMPTS)} held-out prompts; leave out --prompts")
     size = args.size or default_size(MODEL)
 
     rows = drift(args.steps, size)
@@ -121,7 +123,7 @@ def main() -> None:
             strategies=tuple(args.strategies.split(",")),
             warmups=tuple(int(w) for w in args.warmup.split(",")),
             nproc=args.nproc,
-            prompts=len(HELD_OUT_PROMPTS) if args.held_out else args.prompts,
+            prompts=len(HELD_OUT_PROMPTS) if args.held_out else 4 if args.prompts is None else args.prompts,
             prompt_texts=HELD_OUT_PROMPTS if args.held_out else (),
             steps=args.steps,
             size=size,
