@@ -37,6 +37,8 @@ from paradiff.loading import default_size, load_pipeline
 
 MODEL = "paradiff-tiny-dit"
 PROMPT = "a large red circle at the top left on a white background"
+#: How many built-in scenes the runs draw, unless ``--prompts`` or ``--held-out`` says otherwise.
+SCENES = 4
 
 
 def moved_db(latest: torch.Tensor, previous: torch.Tensor) -> float:
@@ -95,7 +97,7 @@ def main() -> None:
     parser.add_argument("--strategies", default="patch,pipefusion,parastep,asyncdiff")
     parser.add_argument("--warmup", default="1,2,4")
     parser.add_argument("--floors", default="30,40")
-    parser.add_argument("--prompts", type=int, help="how many built-in scenes (default: 4)")
+    parser.add_argument("--prompts", type=int, help=f"how many built-in scenes (default: {SCENES})")
     parser.add_argument(
         "--held-out", action="store_true", help=f"the {len(HELD_OUT_PROMPTS)} held-out prompts instead of the scenes"
     )
@@ -106,6 +108,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.held_out and args.prompts is not None:
         parser.error(f"--held-out draws the {len(HELD_OUT_PROMPTS)} held-out prompts; leave out --prompts")
+    if args.prompts is None:
+        args.prompts = len(HELD_OUT_PROMPTS) if args.held_out else SCENES
     size = args.size or default_size(MODEL)
 
     rows = drift(args.steps, size)
@@ -123,7 +127,7 @@ def main() -> None:
             strategies=tuple(args.strategies.split(",")),
             warmups=tuple(int(w) for w in args.warmup.split(",")),
             nproc=args.nproc,
-            prompts=len(HELD_OUT_PROMPTS) if args.held_out else 4 if args.prompts is None else args.prompts,
+            prompts=args.prompts,
             prompt_texts=HELD_OUT_PROMPTS if args.held_out else (),
             steps=args.steps,
             size=size,
@@ -137,7 +141,7 @@ def main() -> None:
             results = pool.run(bench_on_rank, job)[0]
         written = write_report_files(job, results)
         keys = ("run", "speedup", "psnr_db", "psnr_db_worst", "under_floor", "ssim", "lpips", "refreshed")
-        print(f"\n{args.nproc} ranks, {job.prompts} prompts, {args.steps} steps, {size} px")
+        print(f"\n{args.nproc} ranks, {args.prompts} prompts, {args.steps} steps, {size} px")
         print("| " + " | ".join(keys) + " |\n|---|" + "---|" * (len(keys) - 1))
         for row in written.document["rows"]:
             row["under_floor"] = under_floor(row)
