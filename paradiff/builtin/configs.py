@@ -45,12 +45,15 @@ NOISE_SCHEDULE = dict(
 )
 
 
-def build_tokenizer(extra_words: tuple[str, ...] = (), phrases: dict[str, str] | None = None):
+def build_tokenizer(
+    extra_words: tuple[str, ...] = (), phrases: dict[str, str] | None = None, end_word: str | None = None
+):
     """A word-level tokenizer over the caption vocabulary: lower-cased, anything but letters is a space.
 
     ``extra_words`` come after the pictures' words, which keep their ids (the video model's tokenizer adds
     the clips' motion words to the text encoder it starts from). ``phrases`` maps a phrase to the one
-    token it is read as (one of ``extra_words``).
+    token it is read as (one of ``extra_words``). ``end_word`` (one of ``extra_words``) ends each caption in
+    place of the end token (``motion_train.pooled_tokenizer``).
     """
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordLevel
@@ -63,7 +66,7 @@ def build_tokenizer(extra_words: tuple[str, ...] = (), phrases: dict[str, str] |
         [normalizers.Lowercase(), normalizers.Replace(Regex("[^a-z]+"), " "), *joined]
     )
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    bos, eos = SPECIAL_TOKENS["bos_token"], SPECIAL_TOKENS["eos_token"]
+    bos, eos = SPECIAL_TOKENS["bos_token"], end_word or SPECIAL_TOKENS["eos_token"]
     core.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A {eos}", special_tokens=[(bos, vocab[bos]), (eos, vocab[eos])]
     )

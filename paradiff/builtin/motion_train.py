@@ -1,0 +1,292 @@
+"""Train a video model on the picture U-Net with diffusers' AnimateDiff motion modules, on the CPU.
+
+    python -m paradiff.builtin.motion_train --out DIR --checkpoints STATE   # writes DIR/motion; resumable
+    python -m paradiff.builtin.motion_train --scale 0.01 --out /tmp/motion  # a quick smoke run
+
+The picture U-Net follows prompts best of the built-in models because it reads the caption outside
+cross-attention too: its pooled embedding steers every ResNet. diffusers' video U-Net (``UNetMotionModel``) builds
+only SDXL's kind of added embedding (``addition_embed_type="text_time"``: the pooled output of a
+``CLIPTextModelWithProjection`` and the size conditions) and ResNets with an additive time embedding, so the video
+model is an ``AnimateDiffSDXLPipeline`` and is made in stages, each seeded:
+
+1. **A picture U-Net of SDXL's kind** from the shipped one's weights (the added embedding and each ResNet's time
+   projection are new), and a second text encoder: the shipped one with a third layer that starts as the identity.
+   The SDXL pipelines read the second-to-last layer for cross-attention, the shipped encoder's last, and the pooled
+   output of the third, which trains with the U-Net. transformers' CLIP pools at the highest token id when the end
+   token's id is 2, as the built-in tokenizer's is (a rule kept for old checkpoints); in these captions that is a
+   word in the middle, which under the causal mask has not seen the rest, so this tokenizer ends each caption with an
+   end word of the highest id, embedded as the end token was (:func:`pooled_tokenizer`). Trained on the pictures
+   (held-out shapes left out), then tuned as the U-Net was (``train.tune``: high noise, the kind region weighted);
+2. **motion modules** (a ``MotionAdapter`` at each level and the middle) whose output projections start at zero, so
+   that the model starts as the picture U-Net on every frame;
+3. **the clips** at :data:`SIZE` px, every weight but the text encoder's first two layers (its motion words' rows
+   start at the mean of the others): plain, then half of each
+   batch at high noise, then tuned on the kind regions writing the moving average (``video_train``'s stages 3-5).
+
+The pipeline is written to ``<out>/motion`` (weights in float16).
+Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from diffusers import AnimateDiffSDXLPipeline, AutoencoderKL, MotionAdapter, UNet2DConditionModel, UNetMotionModel
+from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+from . import WEIGHTS
+from .clips import DIRECTION_TOKENS, FRAMES, MOTION_WORDS, make_clips
+from .configs import UNET_IMAGE_SIZE, build_scheduler, build_tokenizer
+from .train import (
+    DATASET_SCENES,
+    KIND_WEIGHT,
+    THREADS,
+    TUNE_LR,
+    Resumable,
+    _save_in_float16,
+    denoiser_batches,
+    encode_dataset,
+    log,
+    optimise,
+    round_to_float16,
+    tune,
+    weighted_mse,
+)
+from .video_train import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, video_batches
+
+#: The clips' and pictures' side: the U-Net's training size (16x16 latents).
+SIZE = UNET_IMAGE_SIZE
+#: The word that ends every caption, of the highest token id (:func:`pooled_tokenizer`).
+END_WORD = "endofcaption"
+#: Each size condition's embedding width; with the 6 conditions and the 64-wide pooled caption, the added
+#: embedding reads 112 numbers.
+TIME_ID_WIDTH = 8
+#: Stage 1's steps (plain, then tuning) and stage 3's (plain, high noise, tuning) at ``--scale 1``.
+PICTURE_STEPS, PICTURE_TUNE_STEPS = 1000, 2000
+CLIP_STEPS, CLIP_HIGH_NOISE_STEPS, CLIP_TUNE_STEPS = 1000, 1000, 3000
+#: The tuning stages' extra loss weight on the shape region, as the shipped U-Net's.
+SHAPE_WEIGHT = 5.0
+
+
+def pooled_tokenizer():
+    """The video model's tokenizer (the pictures' words, then the motion words) ending each caption with
+    :data:`END_WORD`, of the highest id, instead of the end token."""
+    return build_tokenizer((*MOTION_WORDS, END_WORD), DIRECTION_TOKENS, end_word=END_WORD)
+
+
+def pooled_text_encoder(shipped: CLIPTextModel, tokenizer) -> CLIPTextModelWithProjection:
+    """``shipped`` with a third layer that starts as the identity, an embedding row for each word ``tokenizer`` adds
+    (the motion words at the mean of the others, :data:`END_WORD` as the end token) and a projection: the SDXL
+    pipelines' second text encoder. Only the third layer, the final norm and the projection train (and, on clips,
+    the embedding table)."""
+    config = copy.deepcopy(shipped.config)
+    end = tokenizer.convert_tokens_to_ids(END_WORD)
+    config.num_hidden_layers, config.vocab_size, config.eos_token_id = 3, len(tokenizer), end
+    encoder = CLIPTextModelWithProjection(config)
+    model, known = encoder.text_model, shipped.embeddings.token_embedding.weight.shape[0]
+    with torch.no_grad():
+        table = model.embeddings.token_embedding.weight
+        table[:known] = shipped.embeddings.token_embedding.weight
+        table[known:] = table[:known].mean(0)
+        table[end] = shipped.embeddings.token_embedding.weight[shipped.config.eos_token_id]
+        model.embeddings.position_embedding.load_state_dict(shipped.embeddings.position_embedding.state_dict())
+        for layer, kept in zip(model.encoder.layers, shipped.encoder.layers, strict=False):
+            layer.load_state_dict(kept.state_dict())
+        model.final_layer_norm.load_state_dict(shipped.final_layer_norm.state_dict())
+        last = model.encoder.layers[-1]
+        for linear in (last.self_attn.out_proj, last.mlp.fc2):
+            linear.weight.zero_()
+            linear.bias.zero_()
+    encoder.requires_grad_(False)
+    for part in (model.encoder.layers[-1], model.final_layer_norm, encoder.text_projection):
+        part.requires_grad_(True)
+    return encoder
+
+
+def sdxl_unet_from(shipped: UNet2DConditionModel, pooled_width: int) -> UNet2DConditionModel:
+    """A U-Net of SDXL's kind holding ``shipped``'s weights where the shapes agree (all but the added embedding and
+    the ResNets' time projections, which a scale-and-shift embedding makes twice as wide)."""
+    config = dict(shipped.config)
+    config |= {
+        "addition_embed_type": "text_time",
+        "addition_time_embed_dim": TIME_ID_WIDTH,
+        "projection_class_embeddings_input_dim": pooled_width + 6 * TIME_ID_WIDTH,
+        "resnet_time_scale_shift": "default",
+    }
+    unet = UNet2DConditionModel.from_config(config)
+    fresh = unet.state_dict()
+    kept = {name: w for name, w in shipped.state_dict().items() if name in fresh and fresh[name].shape == w.shape}
+    unet.load_state_dict(kept, strict=False)
+    return unet
+
+
+class Drawer(torch.nn.Module):
+    """The U-Net and the text encoder it reads, as the SDXL pipelines call them, in one module: trained, averaged
+    and saved together. Latents of five dimensions are clips (batch, channels, frames, height, width)."""
+
+    def __init__(self, unet, text_encoder: CLIPTextModelWithProjection, size: int = SIZE):
+        super().__init__()
+        self.unet, self.text_encoder = unet, text_encoder
+        self.register_buffer("time_ids", torch.tensor([size, size, 0, 0, size, size], dtype=torch.float32), False)
+
+    def forward(self, noisy: torch.Tensor, timesteps: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        encoded = self.text_encoder(ids, output_hidden_states=True)
+        states = encoded.hidden_states[-2]
+        if noisy.ndim == 5:
+            states = states.repeat_interleave(noisy.shape[2], dim=0)
+        conditions = {"text_embeds": encoded.text_embeds, "time_ids": self.time_ids.expand(len(ids), -1)}
+        return self.unet(noisy, timesteps, encoder_hidden_states=states, added_cond_kwargs=conditions).sample
+
+
+def train_drawer(
+    drawer: Drawer,
+    _text_encoder,
+    batches,
+    steps: int,
+    resumable: Resumable | None = None,
+    peak_lr: float = TUNE_LR,
+    average: torch.nn.Module | None = None,
+    name: str = "drawer",
+) -> None:
+    """``drawer`` on ``batches`` (``train.denoiser_batches`` or ``video_train.video_batches``); the signature is
+    ``train.tune``'s trainer's (the text encoder is the drawer's own)."""
+
+    def loss_at(step: int) -> torch.Tensor:
+        noisy, target, timesteps, ids, _, weights = next(batches)
+        return weighted_mse(drawer(noisy, timesteps, ids), target, weights)
+
+    optimise(drawer.parameters(), steps, peak_lr, loss_at, name, resumable, average)
+
+
+def with_motion(drawer: Drawer) -> Drawer:
+    """``drawer`` with its U-Net turned into a ``UNetMotionModel``: motion modules whose output projections are zero
+    (each starts as the identity), and the added embedding, which ``from_unet2d`` leaves out, copied over."""
+    config = drawer.unet.config
+    heads = tuple(width // 32 for width in config.block_out_channels)
+    adapter = MotionAdapter(
+        block_out_channels=tuple(config.block_out_channels),
+        motion_layers_per_block=config.layers_per_block,
+        motion_norm_num_groups=config.norm_num_groups,
+        motion_num_attention_heads=heads,
+        motion_max_seq_length=FRAMES,
+        use_motion_mid_block=True,
+    )
+    with torch.no_grad():
+        for name, module in adapter.named_modules():
+            if name.endswith("proj_out"):
+                module.weight.zero_()
+                module.bias.zero_()
+    unet = UNetMotionModel.from_unet2d(drawer.unet, adapter)
+    unet.add_embedding.load_state_dict(drawer.unet.add_embedding.state_dict())
+    drawer.unet = unet
+    return drawer
+
+
+def save_motion(out: Path, tokenizer, vae, drawer: Drawer) -> None:
+    """``<out>/motion``: an ``AnimateDiffSDXLPipeline`` with the second text encoder only, which encodes the empty
+    prompt for guidance as training dropped captions to it (not SDXL's zeros)."""
+    folder = out / "motion"
+    if folder.exists():
+        shutil.rmtree(folder)
+    unet = drawer.unet
+    adapter = MotionAdapter(
+        block_out_channels=tuple(unet.config.block_out_channels),
+        motion_layers_per_block=unet.config.layers_per_block,
+        motion_norm_num_groups=unet.config.norm_num_groups,
+        motion_num_attention_heads=tuple(unet.config.motion_num_attention_heads),
+        motion_max_seq_length=unet.config.motion_max_seq_length,
+        use_motion_mid_block=unet.config.use_motion_mid_block,
+    )
+    adapter.load_state_dict({k: v for k, v in unet.state_dict().items() if "motion_modules" in k})
+    pipe = AnimateDiffSDXLPipeline(
+        vae=vae,
+        text_encoder=None,
+        text_encoder_2=drawer.text_encoder,
+        tokenizer=None,
+        tokenizer_2=tokenizer,
+        unet=unet,
+        motion_adapter=adapter,
+        scheduler=build_scheduler("sd"),
+        force_zeros_for_empty_prompt=False,
+    )
+    _save_in_float16(pipe, folder)
+
+
+def train(
+    out: Path, scale: float, seed: int, pictures: Path, checkpoints: Path | None = None, size: int = SIZE
+) -> None:
+    """All stages from the ``paradiff-tiny`` folder ``pictures`` (its U-Net, VAE and text encoder), on pictures and
+    clips of ``size`` px; with ``checkpoints`` each stage saves its state there and a stopped run goes on from it."""
+
+    def scaled(steps: int) -> int:
+        return max(2, round(steps * scale))
+
+    def resumable(name: str, modules: dict, generator: torch.Generator) -> Resumable | None:
+        return Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
+
+    vae = AutoencoderKL.from_pretrained(pictures / "sd" / "vae").requires_grad_(False).eval()
+    tokenizer = pooled_tokenizer()
+    shipped = CLIPTextModel.from_pretrained(pictures / "sd" / "text_encoder")
+    torch.manual_seed(seed + 1)
+    text_encoder = pooled_text_encoder(shipped, tokenizer)
+    unet = sdxl_unet_from(UNet2DConditionModel.from_pretrained(pictures / "sd" / "unet"), shipped.config.hidden_size)
+    drawer = Drawer(unet, text_encoder, size)
+
+    count = max(8, round(DATASET_SCENES * scale))
+    shape_share = SHAPE_WEIGHT / KIND_WEIGHT
+    latents, captions, maps = encode_dataset(vae, count, seed + 2, size, True, shape_share)
+    latents = latents * vae.config.scaling_factor
+    generator = torch.Generator().manual_seed(seed + 3)
+    batches = denoiser_batches(latents, captions, tokenizer, generator)
+    train_drawer(drawer, None, batches, scaled(PICTURE_STEPS), resumable("pictures", {"drawer": drawer}, generator))
+    generator = torch.Generator().manual_seed(seed + 4)
+    batches = denoiser_batches(latents, captions, tokenizer, generator, True, maps)
+    drawer = tune("pictures", drawer, train_drawer, None, batches, generator, scaled(PICTURE_TUNE_STEPS), checkpoints)
+    round_to_float16(drawer)
+
+    torch.manual_seed(seed + 5)
+    drawer = with_motion(drawer)
+    drawer.requires_grad_(True)
+    for layer in drawer.text_encoder.text_model.encoder.layers[:-1]:
+        layer.requires_grad_(False)
+    clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
+    clip_latents = encode_clips(vae, clips, size)
+    for stage, steps, high_noise in (("clips", CLIP_STEPS, False), ("clips-high-noise", CLIP_HIGH_NOISE_STEPS, True)):
+        generator = torch.Generator().manual_seed(seed + (6 if high_noise else 7))
+        batches = video_batches(clip_latents, clips, tokenizer, generator, high_noise)
+        state = resumable(stage, {"drawer": drawer}, generator)
+        train_drawer(drawer, None, batches, scaled(steps), state, VIDEO_LR, name=stage)
+    generator = torch.Generator().manual_seed(seed + 8)
+    clip_maps = kind_maps(clips, size, clip_latents.shape[-1], shape_share)
+    batches = video_batches(clip_latents, clips, tokenizer, generator, True, clip_maps)
+    average = copy.deepcopy(drawer).requires_grad_(False)
+    state = resumable("clips-tune", {"drawer": drawer, "average": average}, generator)
+    train_drawer(drawer, None, batches, scaled(CLIP_TUNE_STEPS), state, KIND_TUNE_LR, average, "clips tuning")
+    save_motion(out, tokenizer, vae, average.eval())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where motion/ is written")
+    parser.add_argument("--pictures", type=Path, default=WEIGHTS, help="the paradiff-tiny folder to start from")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--checkpoints", type=Path, help="save each stage's state here and go on from it")
+    parser.add_argument("--size", type=int, default=SIZE, help="the pictures' and clips' side in pixels")
+    args = parser.parse_args(argv)
+    if args.size % 32:
+        parser.error(f"--size {args.size} is not a multiple of 32 (the VAE's 8 x the U-Net's two halvings); use {SIZE}")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size)
+    log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

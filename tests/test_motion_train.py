@@ -1,0 +1,137 @@
+"""``motion_train``: a video model on the picture U-Net (AnimateDiff's motion modules), from the shipped parts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AnimateDiffSDXLPipeline, UNet2DConditionModel
+from training_runs import as_the_script, weights_in
+from transformers import CLIPTextModel
+
+from paradiff.builtin import FRAMES, WEIGHTS
+from paradiff.builtin.clips import TEST_PROMPTS
+from paradiff.builtin.configs import build_tokenizer
+from paradiff.builtin.motion_train import (
+    END_WORD,
+    Drawer,
+    main,
+    pooled_text_encoder,
+    pooled_tokenizer,
+    sdxl_unet_from,
+    train,
+    with_motion,
+)
+from paradiff.builtin.scenes import HELD_OUT_PROMPTS
+from paradiff.builtin.train import token_ids
+
+#: The script's short runs: each stage its steps x 0.002 (at least 2), on 8 scenes and 4 clips, at 64 px.
+SHORT_RUN = {"scale": 0.002, "seed": 0, "pictures": WEIGHTS, "size": 64}
+STATES = ("pictures", "pictures-tune", "clips", "clips-high-noise", "clips-tune")
+
+
+def shipped_text_encoder() -> CLIPTextModel:
+    return CLIPTextModel.from_pretrained(WEIGHTS / "sd" / "text_encoder")
+
+
+def drawer_from_shipped(size: int = 64) -> Drawer:
+    unet = sdxl_unet_from(UNet2DConditionModel.from_pretrained(WEIGHTS / "sd" / "unet"), 64)
+    return Drawer(unet, pooled_text_encoder(shipped_text_encoder(), pooled_tokenizer()), size)
+
+
+@torch.no_grad()
+def test_the_second_text_encoder_starts_as_the_shipped_one_and_pools_at_the_captions_end():
+    tokenizer, shipped = pooled_tokenizer(), shipped_text_encoder()
+    encoder = pooled_text_encoder(shipped, tokenizer)
+    end = tokenizer.convert_tokens_to_ids(END_WORD)
+    assert end == len(tokenizer) - 1, "the end word has the highest id, where transformers' CLIP pools"
+    ids, _ = token_ids(tokenizer, [HELD_OUT_PROMPTS[0]])
+    shipped_ids, _ = token_ids(build_tokenizer(), [HELD_OUT_PROMPTS[0]])
+    last = shipped_ids[0].tolist().index(shipped.config.eos_token_id)
+    assert ids[0, last] == end and torch.equal(ids[0, :last], shipped_ids[0, :last])
+    new, old = encoder(ids, output_hidden_states=True), shipped(shipped_ids, output_hidden_states=True)
+    torch.testing.assert_close(new.hidden_states[-2], old.hidden_states[-1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(new.last_hidden_state, old.last_hidden_state, rtol=0, atol=1e-6)
+    pooled = encoder.text_model(ids).pooler_output
+    torch.testing.assert_close(pooled[0], new.last_hidden_state[0, last], rtol=0, atol=0)
+    clip_ids, _ = token_ids(tokenizer, [TEST_PROMPTS[0]])
+    assert tokenizer.unk_token_id not in clip_ids[0].tolist(), "the motion words are known"
+    trained = [name for name, weight in encoder.named_parameters() if weight.requires_grad]
+    assert trained and all(
+        name.startswith(("text_model.encoder.layers.2.", "text_model.final_layer_norm.", "text_projection."))
+        for name in trained
+    )
+
+
+def test_the_sdxl_unet_keeps_every_shipped_weight_but_the_added_embedding_and_the_time_projections():
+    shipped = UNet2DConditionModel.from_pretrained(WEIGHTS / "sd" / "unet")
+    unet, kept = sdxl_unet_from(shipped, 64), shipped.state_dict()
+    differ = [
+        name
+        for name, weight in unet.state_dict().items()
+        if name not in kept or kept[name].shape != weight.shape or not torch.equal(kept[name], weight)
+    ]
+    assert unet.config.addition_embed_type == "text_time" and unet.config.resnet_time_scale_shift == "default"
+    assert differ and all(name.startswith("add_embedding.") or ".time_emb_proj." in name for name in differ), differ
+
+
+@torch.no_grad()
+def test_the_motion_modules_start_as_the_identity_on_every_frame():
+    drawer = drawer_from_shipped().eval()
+    picture = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    timesteps, (ids, _) = torch.tensor([999, 500]), token_ids(pooled_tokenizer(), list(TEST_PROMPTS[:2]))
+    drawn = drawer(picture, timesteps, ids)
+    moving = with_motion(drawer).eval()
+    clip = moving(picture[:, :, None].expand(-1, -1, 4, -1, -1).contiguous(), timesteps, ids)
+    assert clip.shape == (2, 4, 4, 8, 8)
+    torch.testing.assert_close(clip, drawn[:, :, None].expand_as(clip), rtol=0, atol=1e-5)
+    assert any("motion_modules" in name for name, _ in moving.unet.named_parameters())
+
+
+@pytest.fixture(scope="module")
+def short_motion_run(tmp_path_factory) -> Path:
+    """The script's output folder after a short run (:data:`SHORT_RUN`), its stages' states in ``state/``."""
+    out = tmp_path_factory.mktemp("short-motion-run")
+    as_the_script(train, out, **SHORT_RUN, checkpoints=out / "state")
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_a_short_run_writes_an_animatediff_pipeline_that_loads_offline_and_draws_a_clip(short_motion_run):
+    assert sorted(path.stem for path in (short_motion_run / "state").glob("*.pt")) == sorted(STATES)
+    pipe = AnimateDiffSDXLPipeline.from_pretrained(short_motion_run / "motion")
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.text_encoder is None and not pipe.config.force_zeros_for_empty_prompt
+    motion = {name: weight for name, weight in pipe.unet.state_dict().items() if "motion_modules" in name}
+    assert motion.keys() == pipe.motion_adapter.state_dict().keys()
+    assert all(torch.equal(weight, pipe.motion_adapter.state_dict()[name]) for name, weight in motion.items())
+    result = pipe(
+        TEST_PROMPTS[0],
+        num_frames=FRAMES,
+        height=64,
+        width=64,
+        num_inference_steps=2,
+        guidance_scale=2.0,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    )
+    frames = np.asarray(result.frames[0])
+    assert frames.shape == (FRAMES, 64, 64, 3) and np.isfinite(frames).all()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_that_finds_every_stages_state_writes_the_same_weights(short_motion_run, tmp_path):
+    as_the_script(train, tmp_path, **SHORT_RUN, checkpoints=short_motion_run / "state")
+    for part in ("unet", "text_encoder_2"):
+        first, again = (weights_in(run / "motion" / part) for run in (short_motion_run, tmp_path))
+        assert first.keys() == again.keys() and all(torch.equal(first[name], again[name]) for name in first), part
+
+
+def test_the_script_refuses_a_size_the_unet_does_not_halve_twice(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--size", "100"])
+    assert exited.value.code == 2
+    assert "--size 100 is not a multiple of 32" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
