@@ -163,19 +163,25 @@ def train_drawer(
     optimise(drawer.parameters(), steps, peak_lr, loss_at, name, resumable, average)
 
 
-def with_motion(drawer: Drawer) -> Drawer:
-    """``drawer`` with its U-Net turned into a ``UNetMotionModel``: motion modules whose output projections are zero
-    (each starts as the identity), and the added embedding, which ``from_unet2d`` leaves out, copied over."""
-    config = drawer.unet.config
-    heads = tuple(width // 32 for width in config.block_out_channels)
-    adapter = MotionAdapter(
+def motion_adapter_for(config) -> MotionAdapter:
+    """Motion modules for a U-Net of ``config`` (its picture form or its ``UNetMotionModel``): its levels, layers and
+    norm groups, the heads of its attention at each level, :data:`~paradiff.builtin.clips.FRAMES` positions,
+    and a middle block."""
+    return MotionAdapter(
         block_out_channels=tuple(config.block_out_channels),
         motion_layers_per_block=config.layers_per_block,
         motion_norm_num_groups=config.norm_num_groups,
-        motion_num_attention_heads=heads,
+        # a motion U-Net names its motion modules' heads; a picture U-Net's heads per level are its attention_head_dim
+        motion_num_attention_heads=tuple(config.get("motion_num_attention_heads", config.get("attention_head_dim"))),
         motion_max_seq_length=FRAMES,
         use_motion_mid_block=True,
     )
+
+
+def with_motion(drawer: Drawer) -> Drawer:
+    """``drawer`` with its U-Net turned into a ``UNetMotionModel``: motion modules whose output projections are zero
+    (each starts as the identity), and the added embedding, which ``from_unet2d`` leaves out, copied over."""
+    adapter = motion_adapter_for(drawer.unet.config)
     with torch.no_grad():
         for name, module in adapter.named_modules():
             if name.endswith("proj_out"):
@@ -194,14 +200,7 @@ def save_motion(out: Path, tokenizer, vae, drawer: Drawer) -> None:
     if folder.exists():
         shutil.rmtree(folder)
     unet = drawer.unet
-    adapter = MotionAdapter(
-        block_out_channels=tuple(unet.config.block_out_channels),
-        motion_layers_per_block=unet.config.layers_per_block,
-        motion_norm_num_groups=unet.config.norm_num_groups,
-        motion_num_attention_heads=tuple(unet.config.motion_num_attention_heads),
-        motion_max_seq_length=unet.config.motion_max_seq_length,
-        use_motion_mid_block=unet.config.use_motion_mid_block,
-    )
+    adapter = motion_adapter_for(unet.config)
     adapter.load_state_dict({k: v for k, v in unet.state_dict().items() if "motion_modules" in k})
     pipe = AnimateDiffSDXLPipeline(
         vae=vae,
