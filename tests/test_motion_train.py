@@ -101,9 +101,10 @@ def short_motion_run(tmp_path_factory) -> Path:
 @pytest.mark.timeout(300)
 def test_a_short_run_writes_an_animatediff_pipeline_that_loads_offline_and_draws_a_clip(short_motion_run):
     assert sorted(path.stem for path in (short_motion_run / "state").glob("*.pt")) == sorted(STATES)
-    pipe = AnimateDiffSDXLPipeline.from_pretrained(short_motion_run / "motion")
+    pipe = AnimateDiffSDXLPipeline.from_pretrained(short_motion_run / "video")
     pipe.set_progress_bar_config(disable=True)
     assert pipe.text_encoder is None and not pipe.config.force_zeros_for_empty_prompt
+    assert (short_motion_run / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is linked"
     motion = {name: weight for name, weight in pipe.unet.state_dict().items() if "motion_modules" in name}
     assert motion.keys() == pipe.motion_adapter.state_dict().keys()
     assert all(torch.equal(weight, pipe.motion_adapter.state_dict()[name]) for name, weight in motion.items())
@@ -125,13 +126,43 @@ def test_a_short_run_writes_an_animatediff_pipeline_that_loads_offline_and_draws
 def test_a_run_that_finds_every_stages_state_writes_the_same_weights(short_motion_run, tmp_path):
     as_the_script(train, tmp_path, **SHORT_RUN, checkpoints=short_motion_run / "state")
     for part in ("unet", "text_encoder_2"):
-        first, again = (weights_in(run / "motion" / part) for run in (short_motion_run, tmp_path))
+        first, again = (weights_in(run / "video" / part) for run in (short_motion_run, tmp_path))
         assert first.keys() == again.keys() and all(torch.equal(first[name], again[name]) for name in first), part
 
 
-def test_the_script_refuses_a_size_the_unet_does_not_halve_twice(tmp_path, capsys):
+@pytest.mark.timeout(300)
+def test_tuning_a_written_model_again_runs_the_last_stage_alone_from_its_weights(short_motion_run, tmp_path):
+    """``--tune-from DIR --clip-tune 2``: only the clips' tuning runs, from DIR's video model (2 steps move it by
+    little, where the whole script's start would differ wholly); the model written is its moving average, with DIR's
+    configs and tokenizer and the pictures' VAE linked."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    flags = ["--scale", "0.002", "--size", "64", "--clip-tune", "2", "--checkpoints", str(state)]
+    main(["--out", str(out), "--tune-from", str(short_motion_run), *flags])
+    assert sorted(path.name for path in state.iterdir()) == ["clips-retune.pt"], "only the last stage ran"
+    tuned = torch.load(state / "clips-retune.pt", weights_only=False)
+    assert tuned["step"] == 2
+    for part, prefix in (("unet", "unet."), ("text_encoder_2", "text_encoder.")):
+        started, written = (weights_in(run / "video" / part) for run in (short_motion_run, out))
+        moved = max(float((tuned["drawer"][prefix + name] - started[name].float()).abs().max()) for name in started)
+        assert 0 < moved < 1e-3, (part, moved)
+        average = {name: tuned["average"][prefix + name].to(written[name].dtype) for name in written}
+        assert all(torch.equal(written[name], average[name]) for name in written), part
+    for part in ("unet/config.json", "text_encoder_2/config.json", "tokenizer_2/tokenizer.json", "model_index.json"):
+        assert (out / "video" / part).read_text() == (short_motion_run / "video" / part).read_text(), part
+    assert (out / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve()
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (["--size", "100"], "--size 100 is not a multiple of 32"),
+        (["--clip-tune", "0"], "--clip-tune 0 is below 1; give a number of steps"),
+        (["--tune-from", str(WEIGHTS / "sd")], "holds no video/ AnimateDiffSDXLPipeline; give a folder this script"),
+    ],
+)
+def test_the_script_refuses_what_it_cannot_run_before_writing_anything(tmp_path, capsys, flags, refusal):
     with pytest.raises(SystemExit) as exited:
-        main(["--out", str(tmp_path), "--size", "100"])
+        main(["--out", str(tmp_path), *flags])
     assert exited.value.code == 2
-    assert "--size 100 is not a multiple of 32" in capsys.readouterr().err
+    assert refusal in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

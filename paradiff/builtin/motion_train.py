@@ -1,7 +1,8 @@
 """Train a video model on the picture U-Net with diffusers' AnimateDiff motion modules, on the CPU.
 
-    python -m paradiff.builtin.motion_train --out DIR --checkpoints STATE   # writes DIR/motion; resumable
+    python -m paradiff.builtin.motion_train --out DIR --checkpoints STATE   # writes DIR/video; resumable
     python -m paradiff.builtin.motion_train --scale 0.01 --out /tmp/motion  # a quick smoke run
+    python -m paradiff.builtin.motion_train --out DIR --tune-from DIR --clip-tune 2000  # the last stage again
 
 The picture U-Net follows prompts best of the built-in models because it reads the caption outside
 cross-attention too: its pooled embedding steers every ResNet. diffusers' video U-Net (``UNetMotionModel``) builds
@@ -22,8 +23,12 @@ model is an ``AnimateDiffSDXLPipeline`` and is made in stages, each seeded:
 3. **the clips** at :data:`SIZE` px, every weight but the text encoder's first two layers (its motion words' rows
    start at the mean of the others): plain, then half of each
    batch at high noise, then tuned on the kind regions writing the moving average (``video_train``'s stages 3-5).
+   ``--tune-from MODEL`` runs that tuning alone, again, from the video model in ``MODEL/video`` (its tokenizer,
+   text encoder and VAE kept), with batches of its own seed (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its
+   state in ``clips-retune.pt``: the held-out rates were still rising at the first run's last step.
 
-The pipeline is written to ``<out>/motion`` (weights in float16).
+The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae`` beside it, as
+the shipped ``paradiff-tiny`` folder holds it).
 Bit-identical weights need the same torch version and thread count (``--threads``, default 2).
 """
 
@@ -45,17 +50,20 @@ from .configs import UNET_IMAGE_SIZE, build_scheduler, build_tokenizer
 from .train import (
     DATASET_SCENES,
     KIND_WEIGHT,
+    RETUNE_SEED,
     THREADS,
     TUNE_LR,
     Resumable,
     _save_in_float16,
     denoiser_batches,
     encode_dataset,
+    link_pictures_vae,
     log,
     optimise,
     round_to_float16,
     tune,
     weighted_mse,
+    with_written_weights,
 )
 from .video_train import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, video_batches
 
@@ -193,10 +201,10 @@ def with_motion(drawer: Drawer) -> Drawer:
     return drawer
 
 
-def save_motion(out: Path, tokenizer, vae, drawer: Drawer) -> None:
-    """``<out>/motion``: an ``AnimateDiffSDXLPipeline`` with the second text encoder only, which encodes the empty
-    prompt for guidance as training dropped captions to it (not SDXL's zeros)."""
-    folder = out / "motion"
+def save_motion(out: Path, pictures: Path, tokenizer, vae, drawer: Drawer) -> None:
+    """``<out>/video``: an ``AnimateDiffSDXLPipeline`` with the second text encoder only, which encodes the empty
+    prompt for guidance as training dropped captions to it (not SDXL's zeros); its VAE linked to the pictures'."""
+    folder = out / "video"
     if folder.exists():
         shutil.rmtree(folder)
     unet = drawer.unet
@@ -214,13 +222,55 @@ def save_motion(out: Path, tokenizer, vae, drawer: Drawer) -> None:
         force_zeros_for_empty_prompt=False,
     )
     _save_in_float16(pipe, folder)
+    link_pictures_vae(folder, pictures)
+
+
+def clip_trainable(drawer: Drawer) -> Drawer:
+    """On clips every weight trains but the text encoder's first two layers: the shipped encoder's, which the U-Net's
+    cross-attention reads."""
+    drawer.requires_grad_(True)
+    for layer in drawer.text_encoder.text_model.encoder.layers[:-1]:
+        layer.requires_grad_(False)
+    return drawer
+
+
+def tune_clips(
+    drawer: Drawer,
+    clips: list,
+    latents: torch.Tensor,
+    tokenizer,
+    size: int,
+    steps: int,
+    seed: int,
+    checkpoints: Path | None,
+    name: str,
+) -> Drawer:
+    """Stage 3's tuning: ``steps`` on ``clips`` (their ``latents``, drawn at ``size`` px, captions read by
+    ``tokenizer``) with batches seeded ``seed``, half of each batch at high noise and the loss weighed up on each
+    frame's kind and shape regions; returns the moving average of the weights. With ``checkpoints`` the state is saved
+    there as ``<name>.pt``."""
+    generator = torch.Generator().manual_seed(seed)
+    maps = kind_maps(clips, size, latents.shape[-1], SHAPE_WEIGHT / KIND_WEIGHT)
+    batches = video_batches(latents, clips, tokenizer, generator, True, maps)
+    average = copy.deepcopy(drawer).requires_grad_(False)
+    modules = {"drawer": drawer, "average": average}
+    state = Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
+    train_drawer(drawer, None, batches, steps, state, KIND_TUNE_LR, average, name.replace("-", " "))
+    return average.eval()
 
 
 def train(
-    out: Path, scale: float, seed: int, pictures: Path, checkpoints: Path | None = None, size: int = SIZE
+    out: Path,
+    scale: float,
+    seed: int,
+    pictures: Path,
+    checkpoints: Path | None = None,
+    size: int = SIZE,
+    clip_tune_steps: int | None = None,
 ) -> None:
     """All stages from the ``paradiff-tiny`` folder ``pictures`` (its U-Net, VAE and text encoder), on pictures and
-    clips of ``size`` px; with ``checkpoints`` each stage saves its state there and a stopped run goes on from it."""
+    clips of ``size`` px; with ``checkpoints`` each stage saves its state there and a stopped run goes on from it.
+    ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) are the last stage's steps."""
 
     def scaled(steps: int) -> int:
         return max(2, round(steps * scale))
@@ -249,10 +299,7 @@ def train(
     round_to_float16(drawer)
 
     torch.manual_seed(seed + 5)
-    drawer = with_motion(drawer)
-    drawer.requires_grad_(True)
-    for layer in drawer.text_encoder.text_model.encoder.layers[:-1]:
-        layer.requires_grad_(False)
+    drawer = clip_trainable(with_motion(drawer))
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     clip_latents = encode_clips(vae, clips, size)
     for stage, steps, high_noise in (("clips", CLIP_STEPS, False), ("clips-high-noise", CLIP_HIGH_NOISE_STEPS, True)):
@@ -260,30 +307,61 @@ def train(
         batches = video_batches(clip_latents, clips, tokenizer, generator, high_noise)
         state = resumable(stage, {"drawer": drawer}, generator)
         train_drawer(drawer, None, batches, scaled(steps), state, VIDEO_LR, name=stage)
-    generator = torch.Generator().manual_seed(seed + 8)
-    clip_maps = kind_maps(clips, size, clip_latents.shape[-1], shape_share)
-    batches = video_batches(clip_latents, clips, tokenizer, generator, True, clip_maps)
-    average = copy.deepcopy(drawer).requires_grad_(False)
-    state = resumable("clips-tune", {"drawer": drawer, "average": average}, generator)
-    train_drawer(drawer, None, batches, scaled(CLIP_TUNE_STEPS), state, KIND_TUNE_LR, average, "clips tuning")
-    save_motion(out, tokenizer, vae, average.eval())
+    steps = scaled(CLIP_TUNE_STEPS) if clip_tune_steps is None else clip_tune_steps
+    average = tune_clips(drawer, clips, clip_latents, tokenizer, size, steps, seed + 8, checkpoints, "clips-tune")
+    save_motion(out, pictures, tokenizer, vae, average)
+
+
+def retune(
+    out: Path, model: Path, steps: int, scale: float, seed: int, pictures: Path, checkpoints: Path | None, size: int
+) -> None:
+    """Stage 3's tuning alone, again, ``steps`` from the video model in ``model/video`` on the same clips, with
+    batches of seed ``seed + RETUNE_SEED``; the model's text encoder, tokenizer and VAE are kept."""
+    folder, tokenizer = model / "video", pooled_tokenizer()
+    vae = AutoencoderKL.from_pretrained(folder / "vae").requires_grad_(False).eval()
+    text_encoder = CLIPTextModelWithProjection.from_pretrained(folder / "text_encoder_2")
+    # built from its config, the U-Net writes no folder name in it: what a fresh run would write
+    unet = with_written_weights(
+        UNetMotionModel.from_config(UNetMotionModel.load_config(folder / "unet")), folder / "unet"
+    )
+    torch.manual_seed(seed + RETUNE_SEED)
+    drawer = clip_trainable(Drawer(unet, text_encoder, size))
+    clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
+    latents = encode_clips(vae, clips, size)
+    state, tuning_seed = "clips-retune", seed + RETUNE_SEED + 1
+    average = tune_clips(drawer, clips, latents, tokenizer, size, steps, tuning_seed, checkpoints, state)
+    save_motion(out, pictures, tokenizer, vae, average)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="where motion/ is written")
+    parser.add_argument("--out", type=Path, required=True, help="where video/ is written")
     parser.add_argument("--pictures", type=Path, default=WEIGHTS, help="the paradiff-tiny folder to start from")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--checkpoints", type=Path, help="save each stage's state here and go on from it")
     parser.add_argument("--size", type=int, default=SIZE, help="the pictures' and clips' side in pixels")
+    parser.add_argument("--clip-tune", type=int, help=f"the last stage's steps (default: the scaled {CLIP_TUNE_STEPS})")
+    parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run the last stage again")
     args = parser.parse_args(argv)
     if args.size % 32:
         parser.error(f"--size {args.size} is not a multiple of 32 (the VAE's 8 x the U-Net's two halvings); use {SIZE}")
+    if args.clip_tune is not None and args.clip_tune < 1:
+        parser.error(f"--clip-tune {args.clip_tune} is below 1; give a number of steps, e.g. {CLIP_TUNE_STEPS}")
+    if args.tune_from is not None:
+        index = args.tune_from / "video" / "model_index.json"
+        if not index.is_file() or '"AnimateDiffSDXLPipeline"' not in index.read_text():
+            parser.error(
+                f"--tune-from {args.tune_from} holds no video/ AnimateDiffSDXLPipeline; give a folder this script wrote"
+            )
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size)
+    if args.tune_from is None:
+        train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune)
+    else:
+        steps = max(2, round(CLIP_TUNE_STEPS * args.scale)) if args.clip_tune is None else args.clip_tune
+        retune(args.out, args.tune_from, steps, args.scale, args.seed, args.pictures, args.checkpoints, args.size)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 

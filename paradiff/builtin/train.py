@@ -619,6 +619,15 @@ def _save_in_float16(saved, folder: Path) -> None:
     log(f"wrote {folder}")
 
 
+def link_pictures_vae(folder: Path, pictures: Path) -> None:
+    """Replace the VAE written in the pipeline ``folder`` by a link to the pictures': ``../sd/vae`` beside it, else
+    ``pictures``' own; the video models decode with the pictures' VAE and need no copy."""
+    shutil.rmtree(folder / "vae")
+    beside = Path("..") / "sd" / "vae"
+    target = beside if (folder / beside).is_dir() else (pictures / "sd" / "vae").resolve()
+    (folder / "vae").symlink_to(target, target_is_directory=True)
+
+
 def save_sd(out: Path, tokenizer, text_encoder, vae, unet) -> None:
     if out.exists():
         shutil.rmtree(out)
