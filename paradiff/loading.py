@@ -410,6 +410,26 @@ def fixed_frames(pipe) -> int | None:
     return getattr(getattr(denoiser, "config", None), "video_length", None)
 
 
+def most_frames(pipe) -> int | None:
+    """The most frames ``pipe`` draws when its denoiser bounds the count, else None.
+
+    AnimateDiff's motion modules add a sinusoidal position table of ``motion_max_seq_length`` rows to each pixel's
+    column of frames, so a longer clip fails inside the U-Net; any count up to it is drawn.
+    """
+    denoiser = getattr(pipe, "unet", None)
+    return getattr(getattr(denoiser, "config", None), "motion_max_seq_length", None)
+
+
+def frames_refusal(pipe, frames: int) -> str | None:
+    """Why ``pipe`` cannot draw ``frames`` frames and the ``--frames`` that fixes it, or None when it can."""
+    fixed, most = fixed_frames(pipe), most_frames(pipe)
+    if fixed is not None and frames != fixed:
+        return f"draws {fixed} frames (its transformer's video_length); use --frames {fixed} or drop --frames"
+    if most is not None and frames > most:
+        return f"draws at most {most} frames (its motion modules' motion_max_seq_length); use --frames {most} or fewer"
+    return None
+
+
 def default_height(pipe) -> int | None:
     """The height ``pipe(...)`` draws at when given none, where it can be told without running it.
 

@@ -202,3 +202,21 @@ def test_where_a_model_comes_from_is_decided_in_one_place(tmp_path):
     assert model_source("owner/name").kind == "hub"
     with pytest.raises(ParadiffError, match="unknown model 'no such model'"):
         model_source("no such model")
+
+
+def test_a_frame_count_the_denoiser_cannot_draw_is_refused_with_the_count_it_can():
+    """Latte's transformer draws exactly its ``video_length`` frames; AnimateDiff's motion modules any count up to
+    their ``motion_max_seq_length``."""
+    from paradiff.loading import frames_refusal
+    from paradiff.tiny import table
+
+    latte, animatediff = table.pipeline("latte"), table.pipeline("animatediff")
+    length, most = latte.transformer.config.video_length, animatediff.unet.config.motion_max_seq_length
+    assert frames_refusal(latte, length) is None
+    assert frames_refusal(latte, length + 1) == (
+        f"draws {length} frames (its transformer's video_length); use --frames {length} or drop --frames"
+    )
+    assert frames_refusal(animatediff, 1) is None and frames_refusal(animatediff, most) is None
+    assert frames_refusal(animatediff, most + 1) == (
+        f"draws at most {most} frames (its motion modules' motion_max_seq_length); use --frames {most} or fewer"
+    )

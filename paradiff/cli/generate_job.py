@@ -27,8 +27,8 @@ from ..loading import (
     RANDOM_MODELS,
     TRAINED_MODELS,
     default_height,
-    fixed_frames,
     frames_parameter,
+    frames_refusal,
     load_pipeline,
     makes_video,
     model_index,
@@ -135,11 +135,9 @@ def plan_generate(pipe, job: GenerateJob, inputs: dict) -> GeneratePlan:
     frames = frames_parameter(pipe)
     check_picture_kind(name, video, frames is not None, job.out, job.frames)
     if job.frames is not None:
-        fixed = fixed_frames(pipe)
-        if fixed is not None and job.frames != fixed:
-            raise ParadiffError(
-                f"{name} draws {fixed} frames (its transformer's video_length); use --frames {fixed} or drop --frames"
-            )
+        refusal = frames_refusal(pipe, job.frames)
+        if refusal is not None:
+            raise ParadiffError(f"{name} {refusal}")
         call_kwargs[frames] = job.frames
     guidance = _guidance(pipe, inputs)
     per_prompt = pictures_per_prompt(pipe, inputs)

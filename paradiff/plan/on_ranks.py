@@ -12,7 +12,7 @@ import torch.distributed as dist
 from ..checks import check_parallelize
 from ..devices import rank_device, torch_dtype
 from ..errors import ParadiffError
-from ..loading import default_height, default_size, frames_parameter, load_pipeline, prompt_kwargs
+from ..loading import default_height, default_size, frames_parameter, frames_refusal, load_pipeline, prompt_kwargs
 from ..models import decoder_family_of, family_of, find_denoiser
 from ..models.base import bind_inputs
 from ..runtime.distributed import ensure_process_group
@@ -59,6 +59,9 @@ def plan_on_rank(job: PlanJob) -> Plan | None:
         frames = frames_parameter(pipe)
         if frames is None:
             raise ParadiffError(f"--frames is for video pipelines, and {job.model} makes images; drop --frames")
+        refusal = frames_refusal(pipe, job.frames)
+        if refusal is not None:
+            raise ParadiffError(f"{job.model} {refusal}")
         inputs[frames] = job.frames
 
     def call(height: int, steps: int, output_type: str):

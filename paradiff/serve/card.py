@@ -32,11 +32,12 @@ class ModelCard:
     default_size: tuple[int, int]
     #: Every side must be a multiple of this many pixels (a row of the denoiser's latent patches).
     pixels: int
-    #: The call's frame count argument (video pipelines), the frames it draws by default, and the one count it
-    #: draws if its denoiser fixes it.
+    #: The call's frame count argument (video pipelines), the frames it draws by default, the one count it
+    #: draws if its denoiser fixes it, and the most it draws if its denoiser bounds them.
     frames_parameter: str | None = None
     default_frames: int | None = None
     fixed_frames: int | None = None
+    most_frames: int | None = None
     #: The guidance a request without one runs at (None: the pipeline takes none).
     guidance: float | None = None
     negative_prompt: bool = True
@@ -68,6 +69,7 @@ def describe(pipe, model: str, nproc: int, warmup: int, size_limit: int) -> Mode
         frames_parameter,
         makes_video,
         model_source,
+        most_frames,
         prompt_kwargs,
     )
     from ..models import family_of, find_denoiser
@@ -109,6 +111,7 @@ def describe(pipe, model: str, nproc: int, warmup: int, size_limit: int) -> Mode
         frames_parameter=frames,
         default_frames=fixed_frames(pipe) or (default_frames if isinstance(default_frames, int) else None),
         fixed_frames=fixed_frames(pipe),
+        most_frames=most_frames(pipe),
         guidance=guidance if isinstance(guidance, (int, float)) else None,
         negative_prompt="negative_prompt" in call_parameters(pipe) and model_source(model).kind != "random",
         batchable="prompt" in inputs,

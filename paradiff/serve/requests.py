@@ -228,6 +228,19 @@ def image_request(body: dict, card: ModelCard, settings: ServeSettings) -> tuple
     return Request(**fields, n=1 if n is None else n, frames=None, output_format=output_format), asked
 
 
+def _frames_refusal(card: ModelCard, frames: int) -> str | None:
+    """Why ``card``'s model cannot draw ``frames`` frames and the count to ask instead, or None when it can."""
+    fixed, most = card.fixed_frames, card.most_frames
+    if fixed is not None and frames != fixed:
+        seconds = f"{fixed / VIDEO_FPS:g} s at {VIDEO_FPS} fps"
+        return f"draws {fixed} frames ({seconds}) and no other count; ask num_frames {fixed} or leave it out"
+    if most is not None and frames > most:
+        return (
+            f"draws at most {most} frames ({most / VIDEO_FPS:g} s at {VIDEO_FPS} fps); ask num_frames {most} or fewer"
+        )
+    return None
+
+
 def video_request(body: dict, card: ModelCard, settings: ServeSettings) -> tuple[Request, bool]:
     """``POST /v1/videos`` (JSON or a form): the request and whether it named its strategy."""
     _unknown(body, (*OPENAI_VIDEO_FIELDS, *PARADIFF_FIELDS, *VIDEO_FIELDS))
@@ -237,13 +250,10 @@ def video_request(body: dict, card: ModelCard, settings: ServeSettings) -> tuple
     seconds = _integer(body, "seconds", 1, max(1, settings.limits.frames // VIDEO_FPS))
     if frames is None and seconds is not None:
         frames = seconds * VIDEO_FPS
-    if frames is not None and card.fixed_frames is not None and frames != card.fixed_frames:
-        fixed = card.fixed_frames
+    refusal = None if frames is None else _frames_refusal(card, frames)
+    if refusal is not None:
         raise ApiError(
-            400,
-            f"{card.model} draws {fixed} frames ({fixed / VIDEO_FPS:g} s at {VIDEO_FPS} fps) and no other count; "
-            f"ask num_frames {fixed} or leave it out",
-            "num_frames" if body.get("num_frames") is not None else "seconds",
+            400, f"{card.model} {refusal}", "num_frames" if body.get("num_frames") is not None else "seconds"
         )
     fields = _common(body, card, settings, "video")
     asked = fields.pop("asked")
