@@ -1,12 +1,12 @@
 """How often the built-in models draw what a held-out prompt asks: shape, colour, place (or direction), background.
 
     python benchmarks/follow_bench.py                        # both picture models, 24 held-out prompts x 2 seeds
-    python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~2 min)
+    python benchmarks/follow_bench.py --models paradiff-tiny-video   # its 24 held-out clips x 2 seeds (~4 min)
     python benchmarks/follow_bench.py --models paradiff-tiny-dit --weights /tmp/tiny/pixart   # other DiT weights
     python benchmarks/follow_bench.py --models paradiff-tiny --guidance 4    # another guidance (or --size)
     python benchmarks/follow_bench.py --seen --guidance 1.5  # the seen prompts, where settings are picked
     python benchmarks/follow_bench.py --quick                # a smoke run: 4 prompts, 1 seed, 4 steps
-    python benchmarks/follow_bench.py --models paradiff-tiny-video --from-step 4 --steps 8   # from the asked clip
+    python benchmarks/follow_bench.py --models paradiff-tiny-dit --from-step 4 --steps 8   # from the asked picture
 
 Each model draws every prompt of ``paradiff.builtin.scenes.HELD_OUT_PROMPTS`` (one shape each, whose kind, colour
 and place together a model trained with ``--hold-out`` never saw) with each seed, on one device, at its default
@@ -22,9 +22,9 @@ the pictures as one PNG, four prompts a row. Prints the table and writes JSON.
 
 ``--from-step K`` locates where in the schedule a model loses a shape: each drawing starts from what its prompt asks
 for, drawn by the training data's renderer, noised to the K-th of the steps' timesteps (its seed's noise), and takes
-the remaining steps. The U-Net's DDIM sampler takes no list of timesteps, so that model is refused. For the video
-model a line also gives the share of frames read as the asked kind, per kind: a clip's shape is right only when 80%
-of them are.
+the remaining steps. The U-Nets' DDIM sampler takes no list of timesteps, so the U-Net models (the picture U-Net and
+the video model on it) are refused. For the video model a line also gives the share of frames read as the asked
+kind, per kind: a clip's shape is right only when 80% of them are.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from paradiff.builtin import DEFAULT_SIZE, GUIDANCE_SCALE, call_kwargs
-from paradiff.builtin.clips import TEST_MOTIONS, TEST_PROMPTS, middle_clip
+from paradiff.builtin.clips import TEST_PROMPTS
 from paradiff.builtin.follow import CHECKS, CLIP_CHECKS, judge, judge_clip, rates, read
 from paradiff.builtin.scenes import HELD_OUT_PROMPTS, SEEN_PROMPTS, SHAPES, asked_scene
 from paradiff.builtin.train import to_pixels
@@ -51,15 +51,15 @@ BY_KIND_LINES = {"shape_by_kind": "shape right by asked kind", "frames_by_kind":
 def draw_all(
     pipe, kind: str, calls: list[tuple[str, int]], steps: int, size: int, guidance: float, from_step: int | None = None
 ) -> list[np.ndarray]:
-    """The picture (or clip) of every (prompt, seed), 12 pictures or 1 clip a call; with ``from_step``, each started
+    """The picture (or clip) of every (prompt, seed), 12 pictures or 4 clips a call; with ``from_step``, each started
     from its prompt's asked drawing (:func:`started_from_asked`)."""
     shared = {name: value for name, value in call_kwargs(kind, calls[0][0], warn=False).items() if name != "prompt"}
     shared["guidance_scale"] = guidance
-    batch = 1 if kind == "video" else 12
+    batch = 4 if kind == "video" else 12
     outputs = []
     for start in range(0, len(calls), batch):
         chunk = calls[start : start + batch]
-        started = {} if from_step is None else started_from_asked(pipe, kind, chunk, steps, size, from_step)
+        started = {} if from_step is None else started_from_asked(pipe, chunk, steps, size, from_step)
         output = pipe(
             **shared,
             **started,
@@ -75,19 +75,15 @@ def draw_all(
 
 
 @torch.no_grad()
-def started_from_asked(pipe, kind: str, chunk: list[tuple[str, int]], steps: int, size: int, from_step: int) -> dict:
+def started_from_asked(pipe, chunk: list[tuple[str, int]], steps: int, size: int, from_step: int) -> dict:
     """The ``timesteps`` (from the ``from_step``-th of ``steps``) and ``latents`` that start each (prompt, seed) of
-    ``chunk`` from the picture (or clip) its prompt asks for, noised to that timestep by the seed's noise."""
+    ``chunk`` from the picture its prompt asks for, noised to that timestep by the seed's noise."""
     pipe.scheduler.set_timesteps(steps)
     timesteps = pipe.scheduler.timesteps.tolist()
     started = []
     for prompt, seed in chunk:
-        if kind == "video":
-            asked = middle_clip(TEST_MOTIONS[TEST_PROMPTS.index(prompt)]).draw(size)
-        else:
-            asked = np.stack([asked_scene(prompt).draw(size)])
-        means = pipe.vae.encode(to_pixels(asked)).latent_dist.mean * pipe.vae.config.scaling_factor
-        clean = means.transpose(0, 1)[None] if kind == "video" else means
+        asked = np.stack([asked_scene(prompt).draw(size)])
+        clean = pipe.vae.encode(to_pixels(asked)).latent_dist.mean * pipe.vae.config.scaling_factor
         noise = torch.randn(clean.shape, generator=torch.Generator().manual_seed(seed))
         started.append(pipe.scheduler.add_noise(clean, noise, torch.tensor([timesteps[from_step]])))
     return {"timesteps": timesteps[from_step:], "latents": torch.cat(started)}
@@ -109,13 +105,13 @@ def write_grid(images: list[np.ndarray], columns: int, path: Path) -> None:
     Image.fromarray((np.concatenate(rows, 0) * 255).round().astype(np.uint8)).save(path)
 
 
-def with_weights(pipe, kind: str, folder: Path) -> None:
-    """``pipe``'s denoiser, and its VAE and text encoder where ``folder`` holds them, from ``folder`` (a training
+def with_weights(pipe, folder: Path) -> None:
+    """``pipe``'s denoiser, and its VAE and text encoders where ``folder`` holds them, from ``folder`` (a training
     run's pipeline): a denoiser's latents decoded by a VAE other than the one it learned on come out in that VAE's
-    scale and colours, and a video model trained with ``--motion-only`` reads its own motion words' embeddings."""
-    denoiser = "unet" if kind == "sd" else "transformer"
-    for part in (denoiser, "vae", "text_encoder"):
-        if part == denoiser or (folder / part).is_dir():
+    scale and colours, and a video model reads its own motion words' embeddings."""
+    denoiser = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
+    for part in (denoiser, "vae", "text_encoder", "text_encoder_2"):
+        if part == denoiser or (folder / part).is_dir() and getattr(pipe, part, None) is not None:
             setattr(pipe, part, type(getattr(pipe, part)).from_pretrained(folder / part))
 
 
@@ -146,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         if not 1 <= args.from_step < args.steps:
             last = args.steps - 1
             parser.error(f"--from-step {args.from_step} is not a step after the first of {args.steps}; use 1 to {last}")
-        if any(TRAINED_MODELS[model] == "sd" for model in models):
-            parser.error("--from-step needs a sampler that takes a list of timesteps; paradiff-tiny's DDIM does not")
+        ddim = [model for model in models if TRAINED_MODELS[model] in ("sd", "video")]
+        if ddim:
+            parser.error(f"--from-step needs a sampler that takes a list of timesteps; {ddim[0]}'s DDIM does not")
     torch.set_num_threads(args.threads)
     seeds = list(range(args.seeds))
     results = []
@@ -157,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         prompts = list((TEST_PROMPTS if video else SEEN_PROMPTS if args.seen else HELD_OUT_PROMPTS)[: args.prompts])
         pipe = load_pipeline(model)
         if args.weights:
-            with_weights(pipe, kind, args.weights)
+            with_weights(pipe, args.weights)
         pipe.set_progress_bar_config(disable=True)
         calls = [(prompt, seed) for prompt in prompts for seed in seeds]
         size = DEFAULT_SIZE[kind] if args.size is None else args.size

@@ -1,4 +1,5 @@
-"""``paradiff-tiny-video``: its clips, its training script, its shipped weights, and that it follows prompts."""
+"""``paradiff-tiny-video``: its clips, its shipped weights and that it follows prompts, and the Latte route's training
+script (``video_train``; the shipped model's own script is tested in test_motion_train.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL, LattePipeline, PixArtTransformer2DModel
+from diffusers import AnimateDiffSDXLPipeline, AutoencoderKL, LattePipeline, PixArtTransformer2DModel
 from scene_analysis import motion_misses
 from training_runs import as_the_script, weights_in
 from transformers import CLIPTextModel
@@ -56,10 +57,10 @@ SHORT_RUN = {"scale": 0.001, "seed": 0, "pictures": WEIGHTS, "size": 64}
 DOCS = [Path(__file__).resolve().parents[1] / name for name in ("README.md", "docs/builtin-models.md")]
 
 
-def draw(pipe, prompt: str, seed: int, steps: int = 20, size: int = DEFAULT_SIZE["video"]) -> np.ndarray:
+def draw(pipe, prompt: str, seed: int, steps: int = 20, size: int = DEFAULT_SIZE["video"], **extra) -> np.ndarray:
     """One clip ``(F, H, W, 3)`` in [0, 1], as ``paradiff generate`` asks the built-in video model for it."""
     generator = torch.Generator().manual_seed(seed)
-    kwargs = call_kwargs("video", prompt, warn=False)
+    kwargs = call_kwargs("video", prompt, warn=False) | extra
     result = pipe(**kwargs, num_inference_steps=steps, height=size, width=size, output_type="np", generator=generator)
     return np.asarray(result.frames[0])
 
@@ -111,7 +112,7 @@ def test_unknown_words_for_the_video_model_include_no_motion_word():
     assert unknown_words("a red circle moving to the left", kind="video") == ["to"], "phrases are wholes"
     (message,) = [str(w.message) for w in caught if w.category is ParadiffWarning]
     assert "moving from top to bottom" in message and VIDEO_EXAMPLE_PROMPTS[0] in message and "'large'" in message
-    assert call_kwargs("video", prompt, warn=False) == {"prompt": prompt, "guidance_scale": 2.0, "clean_caption": False}
+    assert call_kwargs("video", prompt, warn=False) == {"prompt": prompt, "guidance_scale": 2.0}
 
 
 def weights_of(run: Path, part: str) -> dict[str, torch.Tensor]:
@@ -136,7 +137,7 @@ def test_video_training_writes_a_pipeline_that_loads_and_draws(short_video_run, 
     assert all(len(ids) == 2 and pipe.tokenizer.unk_token_id not in ids for ids in read), "one token per direction"
     assert len({ids[1] for ids in read}) == len(DIRECTIONS)
     assert (short_video_run / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is linked"
-    frames = draw(pipe, TEST_PROMPTS[0], seed=0, steps=2, size=64)
+    frames = draw(pipe, TEST_PROMPTS[0], seed=0, steps=2, size=64, clean_caption=False)
     assert frames.shape == (FRAMES, 64, 64, 3) and np.isfinite(frames).all()
     # --resume: stage 4 alone, from a written pipeline; the tokenizer and text encoder are kept as they are
     as_the_script(train, tmp_path / "again", **SHORT_RUN, resume=short_video_run / "video")
@@ -247,7 +248,10 @@ def test_tuning_a_video_model_again_refuses_what_it_cannot_run(short_video_run, 
     assert refusal in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--tune-from", str(short_video_run / "video"), "--kind-tune", "2"])
-    assert "holds no video/ pipeline; give a paradiff-tiny folder" in capsys.readouterr().err
+    assert "holds no video/ LattePipeline; give a folder this script wrote" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--tune-from", str(WEIGHTS), "--kind-tune", "2"])
+    assert "holds no video/ LattePipeline" in capsys.readouterr().err, "the shipped video model is not a Latte one"
     assert not any(tmp_path.iterdir()), "nothing is written"
 
 
@@ -295,7 +299,7 @@ def test_a_motion_only_run_trains_the_motion_words_and_temporal_blocks_and_keeps
 
 def test_the_training_script_refuses_a_size_the_patches_do_not_divide(capsys):
     with pytest.raises(SystemExit):
-        main(["--size", "200"])
+        main(["--out", "unused", "--size", "200"])
     assert "--size 200 is not a multiple of 16" in capsys.readouterr().err
 
 
@@ -396,12 +400,12 @@ def test_the_training_script_refuses_a_stage_5_setting_it_cannot_use(tmp_path, c
 
 
 def test_stage_4_draws_half_of_each_batch_at_high_noise():
-    pipe = load_pipeline("paradiff-tiny-video")
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
     clips = make_clips(4, seed=0)
     latents = torch.zeros(len(clips), 4, FRAMES, 4, 4)
 
     def first_half(high_noise: bool) -> torch.Tensor:
-        batches = video_batches(latents, clips, pipe.tokenizer, torch.Generator().manual_seed(1), high_noise)
+        batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(1), high_noise)
         return torch.stack([next(batches)[2][: int(HIGH_NOISE_SHARE * VIDEO_BATCH)] for _ in range(30)])
 
     assert (first_half(True) >= HIGH_NOISE_FROM).all()
@@ -413,7 +417,8 @@ def test_shipped_video_model_is_small_and_loads_offline():
     files = [path for part in (folder, folder / "vae") for path in part.resolve().rglob("*") if path.is_file()]
     assert sum(path.stat().st_size for path in files) <= 25 * 2**20
     pipe = load_pipeline("paradiff-tiny-video")
-    assert isinstance(pipe, LattePipeline) and pipe.transformer.config.video_length == FRAMES
+    assert isinstance(pipe, AnimateDiffSDXLPipeline) and pipe.unet.config.motion_max_seq_length == FRAMES
+    assert (folder / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve(), "the VAE is the pictures', linked"
 
 
 @pytest.fixture(scope="module")
@@ -425,7 +430,7 @@ def video_pipe():
 
 #: A quarter of the held-out prompts: every colour once, every shape once large and once small, every direction and
 #: background (the first such set in the order of the 24, which are every colour in every direction, with shapes,
-#: sizes and backgrounds taken in turn). The suite draws these, which takes about 40 s here.
+#: sizes and backgrounds taken in turn). The suite draws these, which takes about 13 s here.
 CHECKED = (0, 4, 9, 14, 19, 23)
 CHECKED_PROMPTS = tuple(TEST_PROMPTS[i] for i in CHECKED)
 
@@ -455,7 +460,7 @@ def test_video_model_follows_held_out_prompts_in_colour_and_direction(video_pipe
         "measure: " + ", ".join(f"{check} {100 * share:.0f}%" for check, share in measured.items())
     )
     assert len(followed) >= 0.75 * len(CHECKED_PROMPTS), {prompt: missed for prompt, missed in misses.items() if missed}
-    floors = {"shape": 0.45, "colour": 0.75, "direction": 0.75, "background": 0.9}
+    floors = {"shape": 0.45, "colour": 0.6, "direction": 0.8, "background": 0.9}
     assert all(measured[check] >= floor for check, floor in floors.items()), measured
 
 

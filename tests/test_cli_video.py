@@ -1,4 +1,5 @@
-"""`paradiff generate` writes the built-in video model's clips as GIF when asked, and refuses other frame counts.
+"""`paradiff generate` writes the built-in video model's clips as GIF when asked, draws fewer frames when asked, and
+refuses more than its motion modules hold.
 
 Every strategy that runs the video model, on 2 ranks, is a cell of tests/test_command_matrix.py.
 """
@@ -16,14 +17,18 @@ ONE_RANK = ["--model", "paradiff-tiny-video", "--nproc", "1", "--steps", "2", "-
 
 
 @pytest.mark.timeout(200)
-def test_a_gif_when_asked_and_a_clear_refusal_of_other_frame_counts(tmp_path, capsys):
+def test_a_gif_when_asked_fewer_frames_when_asked_and_a_clear_refusal_of_more(tmp_path, capsys):
     out = tmp_path / "clip.gif"
     assert main(["generate", PROMPT, *ONE_RANK, "--out", str(out)]) == 0
     with Image.open(out) as gif:
         assert gif.format == "GIF" and gif.n_frames == FRAMES and gif.size == (64, 64)
+    fewer = tmp_path / "fewer.gif"
+    assert main(["generate", PROMPT, *ONE_RANK, "--frames", "8", "--out", str(fewer)]) == 0
+    with Image.open(fewer) as gif:
+        assert gif.n_frames == 8
     capsys.readouterr()
-    assert main(["generate", PROMPT, *ONE_RANK, "--frames", "8", "--out", str(tmp_path / "other.gif")]) == 2
+    assert main(["generate", PROMPT, *ONE_RANK, "--frames", str(FRAMES + 1), "--out", str(tmp_path / "more.gif")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert f"draws {FRAMES} frames (its transformer's video_length); use --frames {FRAMES}" in err
-    assert not (tmp_path / "other.gif").exists()
+    assert f"draws at most {FRAMES} frames (its motion modules' motion_max_seq_length); use --frames {FRAMES}" in err
+    assert not (tmp_path / "more.gif").exists()

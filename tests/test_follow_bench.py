@@ -12,10 +12,10 @@ from benchmark_scripts import load_script
 
 from paradiff.builtin import DEFAULT_SIZE, WEIGHTS
 from paradiff.builtin.clips import TEST_MOTIONS, TEST_PROMPTS, middle_clip
-from paradiff.builtin.follow import CHECKS, judge, judge_clip
+from paradiff.builtin.follow import CHECKS, judge
 from paradiff.builtin.scenes import SEEN_PROMPTS, SHAPES, asked_scene
 from paradiff.builtin.train import to_pixels
-from paradiff.loading import TRAINED_MODELS, load_pipeline
+from paradiff.loading import load_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +39,23 @@ def test_a_quick_run_on_the_seen_prompts_writes_the_rates_of_the_pictures_it_dre
 
 
 def test_other_weights_bring_their_vae_and_text_encoder_where_their_folder_holds_them(follow_bench, tmp_path):
-    """``--weights DIR``: DIR's denoiser, and DIR's VAE and text encoder when it has them (a video model tuned with
-    ``--vae-tune``, or trained with ``--motion-only``, whose motion words' rows are its own)."""
+    """``--weights DIR``: DIR's denoiser, and DIR's VAE and text encoder when it has them (a training run's video
+    model, whose motion words' rows are its own)."""
     pipe = load_pipeline("paradiff-tiny-video")
     shipped = pipe.vae.config.scaling_factor
-    shipped_rows = pipe.text_encoder.get_input_embeddings().weight.clone()
-    (tmp_path / "transformer").symlink_to(WEIGHTS / "video" / "transformer")
-    follow_bench.with_weights(pipe, "video", tmp_path)
+    shipped_rows = pipe.text_encoder_2.get_input_embeddings().weight.clone()
+    (tmp_path / "unet").symlink_to(WEIGHTS / "video" / "unet")
+    follow_bench.with_weights(pipe, tmp_path)
     assert pipe.vae.config.scaling_factor == shipped, "no VAE in the folder: the model's own is kept"
     pipe.vae.register_to_config(scaling_factor=0.5)
     pipe.vae.save_pretrained(tmp_path / "vae")
     with torch.no_grad():
-        pipe.text_encoder.get_input_embeddings().weight[-1] = 7.0
-    pipe.text_encoder.save_pretrained(tmp_path / "text_encoder")
+        pipe.text_encoder_2.get_input_embeddings().weight[-1] = 7.0
+    pipe.text_encoder_2.save_pretrained(tmp_path / "text_encoder_2")
     pipe = load_pipeline("paradiff-tiny-video")
-    follow_bench.with_weights(pipe, "video", tmp_path)
+    follow_bench.with_weights(pipe, tmp_path)
     assert pipe.vae.config.scaling_factor == 0.5
-    rows = pipe.text_encoder.get_input_embeddings().weight
+    rows = pipe.text_encoder_2.get_input_embeddings().weight
     assert torch.equal(rows[:-1], shipped_rows[:-1]) and bool((rows[-1] == 7.0).all())
 
 
@@ -68,26 +68,23 @@ def test_seen_prompts_with_the_video_model_are_refused_before_any_pipeline_loads
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("model", ["paradiff-tiny-dit", "paradiff-tiny-video"])
-def test_from_step_starts_from_the_asked_drawing_noised_by_the_seed_at_that_step(follow_bench, model):
+def test_from_step_starts_from_the_asked_drawing_noised_by_the_seed_at_that_step(follow_bench):
     """The started latents, less the seed's noise at the K-th timestep, are the renderer's drawing of what the prompt
     asks for (every check right), encoded; the remaining timesteps are the schedule's from K on."""
-    kind = TRAINED_MODELS[model]
-    pipe = load_pipeline(model)
-    prompt = TEST_PROMPTS[2] if kind == "video" else SEEN_PROMPTS[0]
-    started = follow_bench.started_from_asked(pipe, kind, [(prompt, 3)], 8, DEFAULT_SIZE[kind], 5)
+    pipe = load_pipeline("paradiff-tiny-dit")
+    prompt = SEEN_PROMPTS[0]
+    started = follow_bench.started_from_asked(pipe, [(prompt, 3)], 8, DEFAULT_SIZE["pixart"], 5)
     pipe.scheduler.set_timesteps(8)
     assert started["timesteps"] == pipe.scheduler.timesteps.tolist()[5:]
     kept = pipe.scheduler.alphas_cumprod[started["timesteps"][0]]
     noise = torch.randn(started["latents"].shape, generator=torch.Generator().manual_seed(3))
     clean = (started["latents"] - (1 - kept).sqrt() * noise) / kept.sqrt() / pipe.vae.config.scaling_factor
-    frames = clean[0].transpose(0, 1) if kind == "video" else clean
-    asked = middle_clip(TEST_MOTIONS[2]).draw(256) if kind == "video" else asked_scene(prompt).draw(256)[None]
+    asked = asked_scene(prompt).draw(256)[None]
     with torch.no_grad():
         encoded = pipe.vae.encode(to_pixels(asked.copy())).latent_dist.mean
-        pixels = ((pipe.vae.decode(frames).sample.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).numpy()
-    torch.testing.assert_close(frames, encoded, atol=1e-4, rtol=0)
-    judged = judge_clip(pixels, prompt) if kind == "video" else judge(pixels[0], prompt)
+        pixels = ((pipe.vae.decode(clean).sample.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).numpy()
+    torch.testing.assert_close(clean, encoded, atol=1e-4, rtol=0)
+    judged = judge(pixels[0], prompt)
     assert all(judged.values()), judged
 
 
@@ -106,7 +103,8 @@ def test_frames_read_as_the_asked_kind_are_counted_per_asked_kind(follow_bench):
     [
         (["--from-step", "0"], "use 1 to 19"),
         (["--from-step", "4", "--steps", "4"], "use 1 to 3"),
-        (["--models", "paradiff-tiny", "--from-step", "2"], "DDIM"),
+        (["--models", "paradiff-tiny", "--from-step", "2"], "paradiff-tiny's DDIM does not"),
+        (["--models", "paradiff-tiny-video", "--from-step", "2"], "paradiff-tiny-video's DDIM does not"),
     ],
 )
 def test_a_from_step_the_run_cannot_take_is_refused_before_any_pipeline_loads(
@@ -120,15 +118,17 @@ def test_a_from_step_the_run_cannot_take_is_refused_before_any_pipeline_loads(
 
 
 @pytest.mark.timeout(120)
-def test_a_quick_video_run_from_a_step_writes_it_and_the_frames_read_per_asked_kind(follow_bench, tmp_path, capsys):
-    """The documented ``--from-step`` command's path end to end, on 2 clips (a circle and a square) of 4 steps."""
+def test_a_quick_video_run_writes_its_rates_and_the_frames_read_per_asked_kind(follow_bench, tmp_path, capsys):
+    """The documented video command's path end to end, on 2 clips (a circle and a square) of 4 steps."""
     out = tmp_path / "follow.json"
     quick = ["--prompts", "2", "--seeds", "1", "--steps", "4"]
-    follow_bench.main(["--models", "paradiff-tiny-video", *quick, "--from-step", "2", "--out", str(out)])
+    follow_bench.main(["--models", "paradiff-tiny-video", *quick, "--out", str(out)])
     run = json.loads(out.read_text())
-    shares = run["results"][0]["frames_by_kind"]
-    assert run["from_step"] == 2 and run["steps"] == 4 and run["results"][0]["drawn"] == 2
+    result = run["results"][0]
+    shares = result["frames_by_kind"]
+    assert run["steps"] == 4 and result["drawn"] == 2 and result["size"] == DEFAULT_SIZE["video"]
     assert set(shares) == {"circle", "square"} == {next(w for w in p.split() if w in SHAPES) for p in TEST_PROMPTS[:2]}
-    assert "frames read as the asked kind: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items()) in (
-        capsys.readouterr().out
-    )
+    printed = capsys.readouterr().out
+    assert "frames read as the asked kind: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items()) in printed
+    row = " | ".join(f"{100 * result['rates'][check]:.0f}%" for check in (*result["checks"], "all"))
+    assert f"| paradiff-tiny-video | 128 px | 2 | 2 | {row} |" in printed

@@ -855,3 +855,11 @@ def test_a_diffusion_forcing_plan_predicts_dualparal_and_refuses_parastep():
         assert ("3 steps (6 iterations of frame blocks)" in plan_lines(plan)[0]) == (blocks == 2)
         assert plan.refused["parastep"] == COPIED_SCHEDULER
     assert "--call causal_block_size=N" in plan.refused["dualparal"]
+
+
+def test_a_plan_for_more_frames_than_the_video_model_draws_is_refused_naming_the_most(capsys):
+    """The hardware path loads the model on one process; the built-in video model's motion modules draw 16 frames at
+    most, so a plan of 17 is refused there, not timed into a failing call."""
+    assert main(["plan", "--model", "paradiff-tiny-video", "--hardware", "h100-nvlink", "--frames", "17"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "paradiff-tiny-video draws at most 16 frames" in err, err

@@ -396,7 +396,7 @@ def test_the_openai_client_gets_a_video_job_and_its_mp4(video_server):
     frames = iio.imread(content, extension=".mp4")
     assert frames.shape == (16, 128, 128, 3), frames.shape
     refused = video_server.http.post("/v1/videos", json={"prompt": "a circle", "seconds": 4})
-    assert refused.status_code == 400 and "draws 16 frames" in refused.json()["error"]["message"]
+    assert refused.status_code == 400 and "draws at most 16 frames" in refused.json()["error"]["message"]
     images = video_server.http.post("/v1/images/generations", json={"prompt": "a circle"})
     assert images.status_code == 400 and "makes videos" in images.json()["error"]["message"]
 

@@ -2,9 +2,9 @@
 
 One folder, ``paradiff-tiny/``, holds the shared components (VAE, text encoder, tokenizer) and three
 pipeline folders on top of them: ``sd/`` (``StableDiffusionPipeline`` with a U-Net), ``pixart/``
-(``PixArtAlphaPipeline`` with a DiT) and ``video/`` (``LattePipeline``, the DiT with temporal blocks,
-trained on clips by :mod:`paradiff.builtin.video_train`; its own tokenizer and text encoder add the
-motion words). Each pipeline folder links the components it shares, so each loads with a plain
+(``PixArtAlphaPipeline`` with a DiT) and ``video/`` (``AnimateDiffSDXLPipeline``: the picture U-Net with
+motion modules, trained on clips by :mod:`paradiff.builtin.motion_train`; its own tokenizer and pooling text
+encoder add the motion words). Each pipeline folder links the components it shares, so each loads with a plain
 ``from_pretrained(folder)``, offline. Prompts must use the captions' words (:func:`unknown_words`,
 :func:`warn_unknown_words`).
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ParadiffError
-from .clips import CLIP_SIZE, FRAMES
+from .clips import FRAMES
+from .scenes import UNET_IMAGE_SIZE
 from .vocabulary import EXAMPLE_PROMPTS, VIDEO_EXAMPLE_PROMPTS, unknown_words, warn_unknown_words
 
 __all__ = [
@@ -42,10 +43,9 @@ GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0, "video": 2.0}
 #: places apart only there (its 4x4 bottleneck's zero padding marks the 3x3 grid; at 256 px and up it
 #: repeats shapes along the borders). The DiT draws at its training size, 256 px, where its 2x2-latent
 #: patches make 256 tokens, enough work for 2 CPU ranks to beat one (``benchmarks/builtin_default_bench.py``);
-#: larger, its edges fray. The video model draws at its training size, the clips' (its config's sample size is
-#: the DiT's, so the pipeline's own default would be 256 px), :data:`FRAMES` frames (its temporal position table
-#: has that many rows).
-DEFAULT_SIZE = {"sd": 128, "pixart": 256, "video": CLIP_SIZE}
+#: larger, its edges fray. The video model is the U-Net with motion modules and draws at the U-Net's training size,
+#: the clips' too.
+DEFAULT_SIZE = {"sd": UNET_IMAGE_SIZE, "pixart": 256, "video": UNET_IMAGE_SIZE}
 #: The denoising steps a pipeline is drawn with by default where they differ from the command line's usual count
 #: (``paradiff.loading.DEFAULT_STEPS``, which the pictures take). The video model follows held-out prompts as well
 #: at 8 steps as at 20 (docs/builtin-models.md), and a clip costs 16 frames of work a step.
@@ -60,7 +60,7 @@ def pipeline_folder(kind: str) -> Path:
     if not (folder / "model_index.json").is_file():
         raise ParadiffError(
             f"the built-in weights are missing from {folder}; reinstall paradiff or rebuild them with "
-            f"`python -m paradiff.builtin.{'video_train' if kind == 'video' else 'train'}`"
+            f"`python -m paradiff.builtin.{'motion_train' if kind == 'video' else 'train'}`"
         )
     return folder
 
@@ -70,9 +70,9 @@ def call_kwargs(kind: str, prompt: str, warn: bool = True) -> dict:
 
     The prompt at the built-in guidance (:data:`GUIDANCE_SCALE`); for PixArt also
     ``use_resolution_binning=False``, so it draws at the asked size (the pipeline's default draws at
-    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture); for both
-    transformers ``clean_caption=False`` (PixArt's and Latte's default cleaning needs ``bs4`` and ``ftfy`` and
-    would only warn without them, once per call). With ``warn``, words the model does not know are warned about
+    the nearest size of its table for 256 px models, i.e. 256 px, and resizes the picture) and
+    ``clean_caption=False`` (PixArt's default cleaning needs ``bs4`` and ``ftfy`` and would only warn without them,
+    once per call). With ``warn``, words the model does not know are warned about
     (:func:`warn_unknown_words`, rank 0 only).
     """
     if kind not in PIPELINES:
@@ -81,7 +81,5 @@ def call_kwargs(kind: str, prompt: str, warn: bool = True) -> dict:
         warn_unknown_words(prompt, stacklevel=3, kind=kind)
     kwargs = {"prompt": prompt, "guidance_scale": GUIDANCE_SCALE[kind]}
     if kind == "pixart":
-        kwargs["use_resolution_binning"] = False
-    if kind in ("pixart", "video"):
-        kwargs["clean_caption"] = False
+        kwargs |= {"use_resolution_binning": False, "clean_caption": False}
     return kwargs

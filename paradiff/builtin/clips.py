@@ -26,8 +26,9 @@ from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, draw_shape, kinds_cover
 
 #: Frames per clip: the video model's length.
 FRAMES = 16
-#: The picture size (px) of the training clips: the 2x2-patch DiT the video model starts from draws there, 16x16
-#: tokens a frame (an earlier model on 128 px clips, 8x8 tokens a frame, drew blobs: docs/builtin-models.md).
+#: The picture size (px) of the Latte route's training clips (``video_train``): the 2x2-patch DiT it starts from draws
+#: there, 16x16 tokens a frame (a Latte model on 128 px clips, 8x8 tokens a frame, drew blobs:
+#: docs/builtin-models.md). The shipped video model, on the U-Net, is trained on clips at the U-Net's size.
 CLIP_SIZE = 256
 #: Where the shape's centre starts and ends along its line, as a fraction of the side from the edge it
 #: leaves and the edge it reaches (the pictures' left and right places), and the jitter of each.

@@ -17,7 +17,7 @@ from diffusers import (
 )
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerFast
 
-from .scenes import IMAGE_SIZE, VOCABULARY
+from .scenes import IMAGE_SIZE, UNET_IMAGE_SIZE, VOCABULARY
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
 #: Tokens the SD pipeline pads prompts to (the longest caption has 22 words).
@@ -27,8 +27,6 @@ MAX_POSITIONS = 128
 TEXT_WIDTH = 64
 LATENT_CHANNELS = 4
 LATENT_SIZE = IMAGE_SIZE // 8
-#: The U-Net's image size (the DiT's is ``IMAGE_SIZE``).
-UNET_IMAGE_SIZE = 128
 
 #: The noise schedule both denoisers are trained on: Stable Diffusion's betas rescaled to zero SNR at
 #: the last step, and v-prediction. With noise prediction, a small model learned to ignore the prompt:

@@ -16,6 +16,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 IMAGE_SIZE = 256
+#: The U-Net's image size (the DiT's is ``IMAGE_SIZE``), and the video model's, on the U-Net.
+UNET_IMAGE_SIZE = 128
 
 COLOURS = {
     "red": (220, 30, 30),

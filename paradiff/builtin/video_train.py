@@ -1,17 +1,18 @@
-"""Train ``paradiff-tiny-video`` on generated clips, on the CPU, starting from ``paradiff-tiny``'s trained parts.
+"""Train a Latte video model on generated clips, on the CPU, starting from ``paradiff-tiny``'s trained parts.
 
-    python -m paradiff.builtin.video_train  # ~3 h on 2 cores; from the shipped pictures, writes paradiff-tiny/video
+    python -m paradiff.builtin.video_train --out DIR  # ~3 h on 2 cores; from the shipped pictures, writes DIR/video
     python -m paradiff.builtin.video_train --scale 0.01 --out /tmp/tiny-video   # a quick smoke run
     python -m paradiff.builtin.video_train --resume DIR/video  # stages 4 and 5 only, from a stage 3 output
     python -m paradiff.builtin.video_train --out DIR --checkpoints STATE  # stopped, the same command goes on
     python -m paradiff.builtin.video_train --out DIR --tune-from paradiff-tiny --kind-tune 2400 --shape-weight 5
     python -m paradiff.builtin.video_train --out DIR --tune-from paradiff-tiny --kind-tune 2400 --kind-draw triangle=3
 
-The video model is diffusers' ``LattePipeline``: a DiT whose spatial blocks draw each frame and whose
-temporal blocks attend across the frames at each position, decoded frame by frame by the pictures' 2D
-VAE. It starts from a ``paradiff-tiny`` folder's DiT, VAE and text encoder, so it draws shapes and colours from
-the first step and only has to learn how they move: the shipped model from the shipped DiT of 2x2 patches,
-drawing 256 px frames, its training size: 16x16 tokens each. Stages, each seeded:
+The shipped video model until 2026-12-07 (it is now :mod:`paradiff.builtin.motion_train`'s U-Net with motion
+modules, which follows the held-out prompts better) was this script's diffusers ``LattePipeline``: a DiT whose
+spatial blocks draw each frame and whose temporal blocks attend across the frames at each position, decoded frame by
+frame by the pictures' 2D VAE. It starts from a ``paradiff-tiny`` folder's DiT, VAE and text encoder, so it draws
+shapes and colours from the first step and only has to learn how they move: the model shipped until then from the
+shipped DiT of 2x2 patches, drawing 256 px frames, its training size: 16x16 tokens each. Stages, each seeded:
 
 1. the tokenizer gains the clips' motion words after the pictures' words ("moving", and one token for each
    direction phrase, :data:`~paradiff.builtin.clips.DIRECTION_TOKENS`), and the text encoder one embedding
@@ -78,6 +79,7 @@ from .train import (
     THREADS,
     Resumable,
     _save_in_float16,
+    link_pictures_vae,
     log,
     optimise,
     parse_loss_weight,
@@ -266,12 +268,8 @@ def save_video(out: Path, pictures: Path, tokenizer, text_encoder, vae, dit, own
         tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=dit, scheduler=build_scheduler("pixart")
     )
     _save_in_float16(pipe, folder)
-    if own_vae:
-        return
-    shutil.rmtree(folder / "vae")
-    beside = Path("..") / "sd" / "vae"
-    target = beside if (folder / beside).is_dir() else (pictures / "sd" / "vae").resolve()
-    (folder / "vae").symlink_to(target, target_is_directory=True)
+    if not own_vae:
+        link_pictures_vae(folder, pictures)
 
 
 def train(
@@ -384,7 +382,7 @@ def _stages_1_and_2(clips: list[Clip], scale: float, seed: int, pictures: Path, 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=WEIGHTS, help="where video/ is written (next to sd/)")
+    parser.add_argument("--out", type=Path, required=True, help="where video/ is written")
     parser.add_argument("--pictures", type=Path, default=WEIGHTS, help="the paradiff-tiny folder to start from")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data")
     parser.add_argument("--seed", type=int, default=0)
@@ -422,8 +420,9 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"--tune-from runs stage 5 alone, so {flag} has nothing to do; leave it out")
         if args.kind_tune == 0:
             parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
-        if not (args.tune_from / "video" / "model_index.json").is_file():
-            parser.error(f"--tune-from {args.tune_from} holds no video/ pipeline; give a paradiff-tiny folder")
+        index = args.tune_from / "video" / "model_index.json"
+        if not index.is_file() or '"LattePipeline"' not in index.read_text():
+            parser.error(f"--tune-from {args.tune_from} holds no video/ LattePipeline; give a folder this script wrote")
     if args.vae_contrast and not args.vae_tune:
         parser.error("--vae-contrast weighs --vae-tune's loss; give --vae-tune N steps (e.g. 300) with it")
     if args.vae_tune < 0:
