@@ -420,14 +420,23 @@ def most_frames(pipe) -> int | None:
     return getattr(getattr(denoiser, "config", None), "motion_max_seq_length", None)
 
 
+def frames_to_ask(frames: int, fixed: int | None, most: int | None) -> int | None:
+    """The frame count to ask instead of ``frames`` where a denoiser draws ``fixed`` frames and no other count, or
+    ``most`` at most (:func:`fixed_frames`, :func:`most_frames`); None when ``frames`` is drawn."""
+    if fixed is not None:
+        return None if frames == fixed else fixed
+    return most if most is not None and frames > most else None
+
+
 def frames_refusal(pipe, frames: int) -> str | None:
     """Why ``pipe`` cannot draw ``frames`` frames and the ``--frames`` that fixes it, or None when it can."""
-    fixed, most = fixed_frames(pipe), most_frames(pipe)
-    if fixed is not None and frames != fixed:
-        return f"draws {fixed} frames (its transformer's video_length); use --frames {fixed} or drop --frames"
-    if most is not None and frames > most:
-        return f"draws at most {most} frames (its motion modules' motion_max_seq_length); use --frames {most} or fewer"
-    return None
+    fixed = fixed_frames(pipe)
+    ask = frames_to_ask(frames, fixed, most_frames(pipe))
+    if ask is None:
+        return None
+    if fixed is not None:
+        return f"draws {ask} frames (its transformer's video_length); use --frames {ask} or drop --frames"
+    return f"draws at most {ask} frames (its motion modules' motion_max_seq_length); use --frames {ask} or fewer"
 
 
 def default_height(pipe) -> int | None:

@@ -14,6 +14,7 @@ import re
 import secrets
 import uuid
 
+from ..loading import frames_to_ask
 from .card import VIDEO_FPS, ModelCard
 from .errors import ApiError
 from .jobs import Request
@@ -230,15 +231,13 @@ def image_request(body: dict, card: ModelCard, settings: ServeSettings) -> tuple
 
 def _frames_refusal(card: ModelCard, frames: int) -> str | None:
     """Why ``card``'s model cannot draw ``frames`` frames and the count to ask instead, or None when it can."""
-    fixed, most = card.fixed_frames, card.most_frames
-    if fixed is not None and frames != fixed:
-        seconds = f"{fixed / VIDEO_FPS:g} s at {VIDEO_FPS} fps"
-        return f"draws {fixed} frames ({seconds}) and no other count; ask num_frames {fixed} or leave it out"
-    if most is not None and frames > most:
-        return (
-            f"draws at most {most} frames ({most / VIDEO_FPS:g} s at {VIDEO_FPS} fps); ask num_frames {most} or fewer"
-        )
-    return None
+    ask = frames_to_ask(frames, card.fixed_frames, card.most_frames)
+    if ask is None:
+        return None
+    seconds = f"{ask / VIDEO_FPS:g} s at {VIDEO_FPS} fps"
+    if card.fixed_frames is not None:
+        return f"draws {ask} frames ({seconds}) and no other count; ask num_frames {ask} or leave it out"
+    return f"draws at most {ask} frames ({seconds}); ask num_frames {ask} or fewer"
 
 
 def video_request(body: dict, card: ModelCard, settings: ServeSettings) -> tuple[Request, bool]:
