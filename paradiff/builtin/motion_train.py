@@ -64,6 +64,7 @@ from .train import (
     tune,
     weighted_mse,
     with_written_weights,
+    written_pipeline,
 )
 from .video_train import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, video_batches
 
@@ -79,6 +80,11 @@ PICTURE_STEPS, PICTURE_TUNE_STEPS = 1000, 2000
 CLIP_STEPS, CLIP_HIGH_NOISE_STEPS, CLIP_TUNE_STEPS = 1000, 1000, 3000
 #: The tuning stages' extra loss weight on the shape region, as the shipped U-Net's.
 SHAPE_WEIGHT = 5.0
+
+
+def scaled_steps(steps: int, scale: float) -> int:
+    """A stage's steps at ``--scale``: at least 2, so that a smoke run still takes a step after the warm-up's first."""
+    return max(2, round(steps * scale))
 
 
 def pooled_tokenizer():
@@ -272,9 +278,6 @@ def train(
     clips of ``size`` px; with ``checkpoints`` each stage saves its state there and a stopped run goes on from it.
     ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) are the last stage's steps."""
 
-    def scaled(steps: int) -> int:
-        return max(2, round(steps * scale))
-
     def resumable(name: str, modules: dict, generator: torch.Generator) -> Resumable | None:
         return Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
 
@@ -292,10 +295,14 @@ def train(
     latents = latents * vae.config.scaling_factor
     generator = torch.Generator().manual_seed(seed + 3)
     batches = denoiser_batches(latents, captions, tokenizer, generator)
-    train_drawer(drawer, None, batches, scaled(PICTURE_STEPS), resumable("pictures", {"drawer": drawer}, generator))
+    train_drawer(
+        drawer, None, batches, scaled_steps(PICTURE_STEPS, scale), resumable("pictures", {"drawer": drawer}, generator)
+    )
     generator = torch.Generator().manual_seed(seed + 4)
     batches = denoiser_batches(latents, captions, tokenizer, generator, True, maps)
-    drawer = tune("pictures", drawer, train_drawer, None, batches, generator, scaled(PICTURE_TUNE_STEPS), checkpoints)
+    drawer = tune(
+        "pictures", drawer, train_drawer, None, batches, generator, scaled_steps(PICTURE_TUNE_STEPS, scale), checkpoints
+    )
     round_to_float16(drawer)
 
     torch.manual_seed(seed + 5)
@@ -306,17 +313,26 @@ def train(
         generator = torch.Generator().manual_seed(seed + (6 if high_noise else 7))
         batches = video_batches(clip_latents, clips, tokenizer, generator, high_noise)
         state = resumable(stage, {"drawer": drawer}, generator)
-        train_drawer(drawer, None, batches, scaled(steps), state, VIDEO_LR, name=stage)
-    steps = scaled(CLIP_TUNE_STEPS) if clip_tune_steps is None else clip_tune_steps
+        train_drawer(drawer, None, batches, scaled_steps(steps, scale), state, VIDEO_LR, name=stage)
+    steps = scaled_steps(CLIP_TUNE_STEPS, scale) if clip_tune_steps is None else clip_tune_steps
     average = tune_clips(drawer, clips, clip_latents, tokenizer, size, steps, seed + 8, checkpoints, "clips-tune")
     save_motion(out, pictures, tokenizer, vae, average)
 
 
 def retune(
-    out: Path, model: Path, steps: int, scale: float, seed: int, pictures: Path, checkpoints: Path | None, size: int
+    out: Path,
+    model: Path,
+    scale: float,
+    seed: int,
+    pictures: Path,
+    checkpoints: Path | None,
+    size: int,
+    clip_tune_steps: int | None = None,
 ) -> None:
-    """Stage 3's tuning alone, again, ``steps`` from the video model in ``model/video`` on the same clips, with
-    batches of seed ``seed + RETUNE_SEED``; the model's text encoder, tokenizer and VAE are kept."""
+    """Stage 3's tuning alone, again, ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) from the video
+    model in ``model/video`` on the same clips, with batches of seed ``seed + RETUNE_SEED``; the model's text encoder,
+    tokenizer and VAE are kept."""
+    steps = scaled_steps(CLIP_TUNE_STEPS, scale) if clip_tune_steps is None else clip_tune_steps
     folder, tokenizer = model / "video", pooled_tokenizer()
     vae = AutoencoderKL.from_pretrained(folder / "vae").requires_grad_(False).eval()
     text_encoder = CLIPTextModelWithProjection.from_pretrained(folder / "text_encoder_2")
@@ -349,19 +365,18 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--size {args.size} is not a multiple of 32 (the VAE's 8 x the U-Net's two halvings); use {SIZE}")
     if args.clip_tune is not None and args.clip_tune < 1:
         parser.error(f"--clip-tune {args.clip_tune} is below 1; give a number of steps, e.g. {CLIP_TUNE_STEPS}")
-    if args.tune_from is not None:
-        index = args.tune_from / "video" / "model_index.json"
-        if not index.is_file() or '"AnimateDiffSDXLPipeline"' not in index.read_text():
-            parser.error(
-                f"--tune-from {args.tune_from} holds no video/ AnimateDiffSDXLPipeline; give a folder this script wrote"
-            )
+    if args.tune_from is not None and written_pipeline(args.tune_from / "video") != "AnimateDiffSDXLPipeline":
+        parser.error(
+            f"--tune-from {args.tune_from} holds no video/ AnimateDiffSDXLPipeline; give a folder this script wrote"
+        )
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     if args.tune_from is None:
         train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune)
     else:
-        steps = max(2, round(CLIP_TUNE_STEPS * args.scale)) if args.clip_tune is None else args.clip_tune
-        retune(args.out, args.tune_from, steps, args.scale, args.seed, args.pictures, args.checkpoints, args.size)
+        retune(
+            args.out, args.tune_from, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune
+        )
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 

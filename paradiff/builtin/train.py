@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import random
 import shutil
@@ -617,6 +618,13 @@ def _save_in_float16(saved, folder: Path) -> None:
             model.to(torch.float32)
         diffusers_logging.set_verbosity(previous)
     log(f"wrote {folder}")
+
+
+def written_pipeline(folder: Path) -> str | None:
+    """The pipeline class a written pipeline ``folder`` holds (its ``model_index.json``'s), or None where it holds
+    none: what a script's ``--tune-from`` checks before it runs anything."""
+    index = folder / "model_index.json"
+    return json.loads(index.read_text()).get("_class_name") if index.is_file() else None
 
 
 def link_pictures_vae(folder: Path, pictures: Path) -> None:

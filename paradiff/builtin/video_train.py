@@ -90,6 +90,7 @@ from .train import (
     train_text_encoder,
     weighted_mse,
     with_written_weights,
+    written_pipeline,
 )
 
 #: Clips drawn and encoded at ``--scale 1`` (twice as many are trained on, with their reversals).
@@ -420,8 +421,7 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"--tune-from runs stage 5 alone, so {flag} has nothing to do; leave it out")
         if args.kind_tune == 0:
             parser.error("--tune-from runs stage 5 alone; give it --kind-tune N steps (N > 0)")
-        index = args.tune_from / "video" / "model_index.json"
-        if not index.is_file() or '"LattePipeline"' not in index.read_text():
+        if written_pipeline(args.tune_from / "video") != "LattePipeline":
             parser.error(f"--tune-from {args.tune_from} holds no video/ LattePipeline; give a folder this script wrote")
     if args.vae_contrast and not args.vae_tune:
         parser.error("--vae-contrast weighs --vae-tune's loss; give --vae-tune N steps (e.g. 300) with it")
