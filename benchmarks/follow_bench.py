@@ -111,7 +111,7 @@ def with_weights(pipe, folder: Path) -> None:
     scale and colours, and a video model reads its own motion words' embeddings."""
     denoiser = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
     for part in (denoiser, "vae", "text_encoder", "text_encoder_2"):
-        if part == denoiser or (folder / part).is_dir() and getattr(pipe, part, None) is not None:
+        if part == denoiser or ((folder / part).is_dir() and getattr(pipe, part, None) is not None):
             setattr(pipe, part, type(getattr(pipe, part)).from_pretrained(folder / part))
 
 
