@@ -205,7 +205,7 @@ def test_the_parsed_commands_include_every_kind():
     """The collection finds benchmark scripts, training modules and CLI lines."""
     commands = [command for _, command in PARSED_CASES]
     assert any(command.startswith("python benchmarks/") for command in commands), commands
-    assert any(command.startswith("python -m paradiff.builtin.video_train") for command in commands), commands
+    assert any(command.startswith("python -m paradiff.builtin.motion_train") for command in commands), commands
     assert any(command.startswith("paradiff generate") for command in commands), commands
 
 

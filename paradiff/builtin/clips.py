@@ -22,14 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, draw_shape, kinds_covering, kinds_differ
+from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, UNET_IMAGE_SIZE, draw_shape, kinds_covering, kinds_differ
 
 #: Frames per clip: the video model's length.
 FRAMES = 16
-#: The picture size (px) of the Latte route's training clips (``video_train``): the 2x2-patch DiT it starts from draws
-#: there, 16x16 tokens a frame (a Latte model on 128 px clips, 8x8 tokens a frame, drew blobs:
-#: docs/builtin-models.md). The shipped video model, on the U-Net, is trained on clips at the U-Net's size.
-CLIP_SIZE = 256
+#: The side (px) a clip is drawn at unless asked: the U-Net's, where the video model is trained and draws.
+CLIP_SIZE = UNET_IMAGE_SIZE
 #: Where the shape's centre starts and ends along its line, as a fraction of the side from the edge it
 #: leaves and the edge it reaches (the pictures' left and right places), and the jitter of each.
 EDGE, JITTER = 0.22, 0.04

@@ -11,7 +11,6 @@ from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
     DPMSolverMultistepScheduler,
-    LatteTransformer3DModel,
     PixArtTransformer2DModel,
     UNet2DConditionModel,
 )
@@ -157,35 +156,6 @@ def build_dit(patch_size: int = 4, width: int = DIT_WIDTH) -> PixArtTransformer2
         caption_channels=TEXT_WIDTH,
         norm_type="ada_norm_single",
         use_additional_conditions=False,
-    )
-
-
-def build_video_dit(dit: PixArtTransformer2DModel, frames: int) -> LatteTransformer3DModel:
-    """Latte with ``dit``'s shape: its spatial blocks, embeddings and head are the DiT's, and as many temporal
-    blocks again, which attend across the ``frames`` frames at each position (the video model starts from the
-    trained DiT's weights, so it draws shapes and colours from the start and learns only how they move).
-
-    It has twice the DiT's output channels: ``LattePipeline`` keeps the first half of the output as the
-    prediction (the second half is the original Latte's learned variance, which this model does not use).
-    """
-    config = dit.config
-    return LatteTransformer3DModel(
-        num_attention_heads=config.num_attention_heads,
-        attention_head_dim=config.attention_head_dim,
-        in_channels=config.in_channels,
-        out_channels=2 * config.out_channels,
-        num_layers=config.num_layers,
-        cross_attention_dim=config.cross_attention_dim,
-        attention_bias=config.attention_bias,
-        sample_size=config.sample_size,
-        patch_size=config.patch_size,
-        activation_fn=config.activation_fn,
-        num_embeds_ada_norm=config.num_embeds_ada_norm,
-        norm_type=config.norm_type,
-        norm_elementwise_affine=config.norm_elementwise_affine,
-        norm_eps=config.norm_eps,
-        caption_channels=config.caption_channels,
-        video_length=frames,
     )
 
 

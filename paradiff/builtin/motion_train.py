@@ -21,8 +21,8 @@ model is an ``AnimateDiffSDXLPipeline`` and is made in stages, each seeded:
 2. **motion modules** (a ``MotionAdapter`` at each level and the middle) whose output projections start at zero, so
    that the model starts as the picture U-Net on every frame;
 3. **the clips** at :data:`SIZE` px, every weight but the text encoder's first two layers (its motion words' rows
-   start at the mean of the others): plain, then half of each
-   batch at high noise, then tuned on the kind regions writing the moving average (``video_train``'s stages 3-5).
+   start at the mean of the others), each clip also played backwards (:mod:`~paradiff.builtin.clip_batches`): plain,
+   then half of each batch at high noise, then tuned on the kind and shape regions writing the moving average.
    ``--tune-from MODEL`` runs that tuning alone, again, from the video model in ``MODEL/video`` (its tokenizer,
    text encoder and VAE kept), with batches of its own seed (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its
    state in ``clips-retune.pt``: the held-out rates were still rising at the first run's last step.
@@ -45,6 +45,7 @@ from diffusers import AnimateDiffSDXLPipeline, AutoencoderKL, MotionAdapter, UNe
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from . import WEIGHTS
+from .clip_batches import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, video_batches
 from .clips import DIRECTION_TOKENS, FRAMES, MOTION_WORDS, make_clips
 from .configs import UNET_IMAGE_SIZE, build_scheduler, build_tokenizer
 from .train import (
@@ -66,7 +67,6 @@ from .train import (
     with_written_weights,
     written_pipeline,
 )
-from .video_train import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, video_batches
 
 #: The clips' and pictures' side: the U-Net's training size (16x16 latents).
 SIZE = UNET_IMAGE_SIZE
@@ -167,7 +167,7 @@ def train_drawer(
     average: torch.nn.Module | None = None,
     name: str = "drawer",
 ) -> None:
-    """``drawer`` on ``batches`` (``train.denoiser_batches`` or ``video_train.video_batches``); the signature is
+    """``drawer`` on ``batches`` (``train.denoiser_batches`` or ``clip_batches.video_batches``); the signature is
     ``train.tune``'s trainer's (the text encoder is the drawer's own)."""
 
     def loss_at(step: int) -> torch.Tensor:

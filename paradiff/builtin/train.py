@@ -442,8 +442,6 @@ def train_text_encoder(
     captions: list[str],
     steps: int,
     seed: int,
-    classes: dict[str, int] | None = None,
-    new_rows_from: int | None = None,
 ) -> None:
     """Teach the text encoder to say which words a caption holds, in the mean of its outputs; then freeze it.
 
@@ -455,13 +453,6 @@ def train_text_encoder(
     over the vocabulary) from both means the pipelines produce: over all padded positions without a
     mask, as the SD pipeline calls the encoder, and over the caption's tokens with the mask, as PixArt
     does. The head is then dropped.
-
-    ``classes`` (caption -> class) adds a second head that must read each caption's class from the same
-    means: the video model's direction of travel, which a bag of words cannot tell ("from left to right"
-    and "from right to left" hold the same words) but the causal text encoder can, from the order.
-
-    With ``new_rows_from`` only the embedding rows from that index on are trained: every word the encoder knew
-    keeps its weights, so a denoiser trained on its outputs reads a caption of those words as before.
     """
     captions = sorted(set(captions))
     ids, mask = token_ids(tokenizer, captions)
@@ -469,8 +460,6 @@ def train_text_encoder(
     words[:, tokenizer.all_special_ids] = 0
     width = text_encoder.config.hidden_size
     head = torch.nn.Linear(width, len(tokenizer))
-    labels = torch.tensor([(classes or {}).get(caption, 0) for caption in captions])
-    class_head = torch.nn.Linear(width, int(labels.max()) + 1)
     generator = torch.Generator().manual_seed(seed)
 
     def loss_at(step: int) -> torch.Tensor:
@@ -478,25 +467,10 @@ def train_text_encoder(
         unmasked = text_encoder(ids[index])[0].mean(1)
         weights = mask[index, :, None].float()
         masked = (text_encoder(ids[index], attention_mask=mask[index])[0] * weights).sum(1) / weights.sum(1)
-        loss = sum(F.binary_cross_entropy_with_logits(head(pooled), words[index]) for pooled in (unmasked, masked))
-        if classes:
-            loss = loss + sum(F.cross_entropy(class_head(pooled), labels[index]) for pooled in (unmasked, masked))
-        return loss
+        return sum(F.binary_cross_entropy_with_logits(head(pooled), words[index]) for pooled in (unmasked, masked))
 
-    heads = [*head.parameters(), *(class_head.parameters() if classes else ())]
-    table = text_encoder.get_input_embeddings().weight
-    if new_rows_from is not None:
-        known = table.detach()[:new_rows_from].clone()
-        text_encoder.requires_grad_(False)
-        table.requires_grad_(True)
-        fresh = (torch.arange(len(table)) >= new_rows_from)[:, None]
-        hook = table.register_hook(lambda grad: grad * fresh)
-    optimise([*text_encoder.parameters(), *heads], steps, 3e-3, loss_at, "text encoder")
+    optimise([*text_encoder.parameters(), *head.parameters()], steps, 3e-3, loss_at, "text encoder")
     text_encoder.requires_grad_(False)
-    if new_rows_from is not None:
-        hook.remove()
-        with torch.no_grad():
-            table[:new_rows_from] = known  # as it was: AdamW's weight decay shrinks rows without a gradient too
 
 
 def train_unet(

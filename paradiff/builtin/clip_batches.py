@@ -1,0 +1,88 @@
+"""The clips (:mod:`paradiff.builtin.clips`) as the video model's training batches: encoded once, drawn forwards and
+backwards, noised as the pictures are (``train.denoiser_batches``).
+
+Each clip is also trained played backwards, captioned with the opposite direction: exact, since the VAE encodes
+single frames. Half of a batch at high noise (t >= :data:`HIGH_NOISE_FROM`) is where the whole clip's layout, and so
+the way the shape moves, is decided: without it an earlier model put the shape in the same place in every frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers import AutoencoderKL, DDPMScheduler
+
+from .clips import Clip
+from .configs import NOISE_SCHEDULE
+from .train import CAPTION_DROPOUT, KIND_WEIGHT, log, to_pixels, token_ids
+
+#: Clips drawn and encoded at ``--scale 1`` (twice as many are trained on, with their reversals).
+DATASET_CLIPS = 500
+#: Clips per batch, and the peak learning rate of the stages that train on them.
+VIDEO_BATCH, VIDEO_LR = 4, 5e-4
+#: The tuning stage's peak learning rate: it goes on from a trained model.
+KIND_TUNE_LR = 0.3 * VIDEO_LR
+#: The share of each batch drawn at high noise, and where high noise starts.
+HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 0.5, 700
+
+
+def encode_clips(vae: AutoencoderKL, clips: list[Clip], size: int) -> torch.Tensor:
+    """Scaled latent means of ``clips`` drawn at ``size`` px, ``(N, C, FRAMES, h, w)`` as the video U-Net takes them,
+    encoded frame by frame."""
+    latents = []
+    for index, clip in enumerate(clips):
+        means = vae.encode(to_pixels(clip.draw(size))).latent_dist.mean
+        latents.append(means.transpose(0, 1) * vae.config.scaling_factor)
+        if index % 50 == 0:
+            log(f"encoded {index + 1}/{len(clips)} clips")
+    return torch.stack(latents)
+
+
+def kind_maps(clips: list[Clip], size: int, latent_side: int, shape_share: float = 0.0) -> torch.Tensor:
+    """Per clip and frame, the share of each latent's pixels in the frame's kind region
+    (:meth:`~paradiff.builtin.clips.Clip.kind_regions`), plus ``shape_share`` times the share in its shape region
+    (:meth:`~paradiff.builtin.clips.Clip.shape_regions`), ``(N, 1, FRAMES, h, w)`` as the latents."""
+
+    def pooled(clip: Clip) -> torch.Tensor:
+        regions = clip.kind_regions(size).astype(np.float32)
+        if shape_share:
+            regions += shape_share * clip.shape_regions(size).astype(np.float32)
+        return F.adaptive_avg_pool2d(torch.from_numpy(regions), latent_side)
+
+    return torch.stack([pooled(clip) for clip in clips])[:, None]
+
+
+def video_batches(
+    latents: torch.Tensor,
+    clips: list[Clip],
+    tokenizer,
+    generator: torch.Generator,
+    high_noise: bool = False,
+    kind_maps: torch.Tensor | None = None,
+) -> Iterator[tuple]:
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, masks, loss weights); an odd index is a
+    clip reversed. With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
+    :data:`HIGH_NOISE_FROM` up. The loss weights are None (an even loss), or with ``kind_maps`` (:func:`kind_maps`) 1
+    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map.
+    Every draw comes from ``generator``, read only as batches are taken, so a resumed stage restores it first."""
+    captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
+    noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
+    while True:
+        index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
+        drop = torch.rand(VIDEO_BATCH, generator=generator) < CAPTION_DROPOUT
+        clean = torch.stack([latents[i // 2].flip(1) if i % 2 else latents[i // 2] for i in index.tolist()])
+        maps = None if kind_maps is None else [kind_maps[i // 2].flip(1) if i % 2 else kind_maps[i // 2] for i in index]
+        noise = torch.randn(clean.shape, generator=generator)
+        levels = NOISE_SCHEDULE["num_train_timesteps"]
+        timesteps = torch.randint(levels, (VIDEO_BATCH,), generator=generator)
+        if high_noise:
+            high = torch.randint(HIGH_NOISE_FROM, levels, (VIDEO_BATCH,), generator=generator)
+            timesteps = torch.where(torch.arange(VIDEO_BATCH) < HIGH_NOISE_SHARE * VIDEO_BATCH, high, timesteps)
+        noisy = noise_schedule.add_noise(clean, noise, timesteps)
+        target = noise_schedule.get_velocity(clean, noise, timesteps)
+        kept = zip(index.tolist(), drop.tolist(), strict=True)
+        ids, mask = token_ids(tokenizer, ["" if dropped else captions[i] for i, dropped in kept])
+        yield noisy, target, timesteps, ids, mask, None if maps is None else 1 + KIND_WEIGHT * torch.stack(maps)
