@@ -21,6 +21,7 @@ from paradiff.builtin.clip_batches import (
     HIGH_NOISE_SHARE,
     VIDEO_BATCH,
     kind_maps,
+    shape_maps,
     video_batches,
 )
 from paradiff.builtin.clips import (
@@ -34,6 +35,7 @@ from paradiff.builtin.clips import (
 )
 from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.follow import judge_clip, rates
+from paradiff.builtin.motion_train import ALPHAS_CUMPROD, colour_error
 from paradiff.builtin.scenes import COLOURS, SHAPES, SIZES
 from paradiff.builtin.train import KIND_WEIGHT, token_ids
 from paradiff.builtin.vocabulary import unknown_words, warn_unknown_words
@@ -131,13 +133,71 @@ def test_the_tuning_weighs_the_loss_up_on_the_kind_regions_reversed_with_the_cli
             expected[tuple(token_ids(tokenizer, [caption])[0][0].tolist())] = 1 + KIND_WEIGHT * frames
     seen = 0
     for _ in range(8):
-        _, _, _, ids, _, weights = next(batches)
+        _, _, _, ids, _, weights, shapes = next(batches)
+        assert shapes is None, "no shape maps asked"
         for row, weight in zip(ids.tolist(), weights, strict=True):
             if tuple(row) in expected:  # else its caption was dropped
                 assert torch.equal(weight, expected[tuple(row)])
                 seen += 1
     assert seen >= 16
-    assert next(video_batches(latents, clips, tokenizer, torch.Generator()))[-1] is None, "an even loss"
+    assert next(video_batches(latents, clips, tokenizer, torch.Generator()))[-2] is None, "an even loss"
+
+
+def test_the_colour_tuning_draws_small_shapes_by_their_chance_with_their_shape_maps_where_a_colour_is_asked():
+    clips = make_clips(12, seed=0)
+    latents = torch.zeros(len(clips), 4, FRAMES, 16, 16)
+    tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
+    maps = shape_maps(clips, 128, 16)
+    expected_map, size_of = {}, {}
+    for clip, shape_map in zip(clips, maps, strict=True):
+        for caption, frames in ((clip.caption, shape_map), (clip.reversed().caption, shape_map.flip(1))):
+            key = tuple(token_ids(tokenizer, [caption])[0][0].tolist())
+            expected_map[key], size_of[key] = frames, clip.motion.size
+
+    def small_share(chances) -> float:
+        batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(2), True, None, chances, maps)
+        drawn = dropped = 0
+        sizes = []
+        for _ in range(60):
+            _, _, _, ids, _, _, shapes = next(batches)
+            for row, shape in zip(ids.tolist(), shapes, strict=True):
+                drawn += 1
+                if tuple(row) in expected_map:
+                    assert torch.equal(shape, expected_map[tuple(row)]), "the drawn clip's map, reversed with it"
+                    sizes.append(size_of[tuple(row)])
+                else:  # its caption was dropped: no colour was asked
+                    assert not shape.any()
+                    dropped += 1
+        assert 0 < dropped < 0.25 * drawn
+        return sizes.count("small") / len(sizes)
+
+    small = sum(clip.motion.size == "small" for clip in clips) / len(clips)
+    expected = 10 * small / (10 * small + 1 - small)
+    assert 0.2 < small < 0.8 and expected > 0.7
+    assert abs(small_share(None) - small) < 0.15
+    assert small_share([10.0 if clip.motion.size == "small" else 1.0 for clip in clips]) > expected - 0.1
+
+
+def test_the_colour_error_is_the_shape_regions_mean_error_on_the_clean_latents():
+    """``colour_error``: the mean over each frame's shape region of the clean latents' error (v's, times
+    sqrt(1 - alpha_bar)), squared; an error outside the region or in a clip whose map is empty costs nothing, and one
+    spread as noise over the region (mean zero) costs nothing either, where the flat loss counts it."""
+    target = torch.zeros(2, 4, FRAMES, 8, 8)
+    shapes = torch.zeros(2, 1, FRAMES, 8, 8)
+    shapes[0, :, :, 2:4, 2:4] = 1.0
+    timesteps = torch.tensor([900, 900])
+    scale = float((1 - ALPHAS_CUMPROD[900]).sqrt())
+    off_hue = target.clone()
+    off_hue[0, 1, :, 2:4, 2:4] = 0.5  # one channel off in every frame's region
+    assert colour_error(off_hue, target, timesteps, shapes) == pytest.approx((0.5 * scale) ** 2 / 4, rel=1e-5)
+    outside = target.clone()
+    outside[0, :, :, 5:, 5:] = 3.0
+    outside[1] = 3.0  # the second clip asked no colour
+    assert colour_error(outside, target, timesteps, shapes) == 0
+    noise = target.clone()
+    noise[0, :, :, 2:4, 2:4] = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])
+    assert colour_error(noise, target, timesteps, shapes) == pytest.approx(0, abs=1e-12)
+    assert colour_error(off_hue, target, timesteps, torch.zeros_like(shapes)) == 0
 
 
 def test_the_high_noise_batches_draw_half_of_each_batch_at_high_noise():

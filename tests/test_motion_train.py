@@ -152,12 +152,36 @@ def test_tuning_a_written_model_again_runs_the_last_stage_alone_from_its_weights
     assert (out / "video" / "vae").resolve() == (WEIGHTS / "sd" / "vae").resolve()
 
 
+@pytest.mark.timeout(300)
+def test_a_retune_that_holds_colour_is_a_stage_of_its_own_and_its_loss_reads_the_shape_maps(
+    short_motion_run, tmp_path, monkeypatch
+):
+    """``--colour-weight 2 --small-draw 2``: its own state and seed, and the colour term in its loss (each step's
+    batch carries shape maps, and the term is added: with the term's weight 0 the same batches train other weights)."""
+    import paradiff.builtin.motion_train as motion_train
+
+    terms = []
+    counted = motion_train.colour_error
+    monkeypatch.setattr(motion_train, "colour_error", lambda *args: terms.append(counted(*args)) or terms[-1])
+    flags = ["--scale", "0.002", "--size", "64", "--clip-tune", "2", "--tune-from", str(short_motion_run)]
+    runs = {}
+    for weight in ("2", "0"):
+        out, state = tmp_path / weight, tmp_path / f"state-{weight}"
+        main(["--out", str(out), *flags, "--colour-weight", weight, "--small-draw", "2", "--checkpoints", str(state)])
+        assert sorted(path.name for path in state.iterdir()) == ["clips-colour-retune.pt"]
+        runs[weight] = torch.load(state / "clips-colour-retune.pt", weights_only=False)["drawer"]
+    assert len(terms) == 2 and all(term > 0 for term in terms), "the term counted at each of weight 2's steps"
+    assert any(not torch.equal(runs["2"][name], runs["0"][name]) for name in runs["2"]), "the term moved the weights"
+
+
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
         (["--size", "100"], "--size 100 is not a multiple of 32"),
         (["--clip-tune", "0"], "--clip-tune 0 is below 1; give a number of steps"),
         (["--tune-from", str(WEIGHTS / "sd")], "holds no video/ AnimateDiffSDXLPipeline; give a folder this script"),
+        (["--colour-weight", "-1"], "--colour-weight -1 is below 0; give 0 (no colour term) or more"),
+        (["--small-draw", "0"], "--small-draw 0 is not above 0; give 1 (an even draw) or more"),
     ],
 )
 def test_the_script_refuses_what_it_cannot_run_before_writing_anything(tmp_path, capsys, flags, refusal):

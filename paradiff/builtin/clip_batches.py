@@ -55,6 +55,22 @@ def kind_maps(clips: list[Clip], size: int, latent_side: int, shape_share: float
     return torch.stack([pooled(clip) for clip in clips])[:, None]
 
 
+def shape_maps(clips: list[Clip], size: int, latent_side: int) -> torch.Tensor:
+    """Per clip and frame, the share of each latent's pixels in the frame's shape region
+    (:meth:`~paradiff.builtin.clips.Clip.shape_regions`), ``(N, 1, FRAMES, h, w)`` as the latents."""
+
+    def pooled(clip: Clip) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(torch.from_numpy(clip.shape_regions(size).astype(np.float32)), latent_side)
+
+    return torch.stack([pooled(clip) for clip in clips])[:, None]
+
+
+def as_drawn(per_clip: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``per_clip``'s rows (a clip's latents or maps, frames on dimension 1) for the drawn ``index``: an odd index is
+    its clip played backwards."""
+    return torch.stack([per_clip[i // 2].flip(1) if i % 2 else per_clip[i // 2] for i in index.tolist()])
+
+
 def video_batches(
     latents: torch.Tensor,
     clips: list[Clip],
@@ -62,19 +78,27 @@ def video_batches(
     generator: torch.Generator,
     high_noise: bool = False,
     kind_maps: torch.Tensor | None = None,
+    chances: list[float] | None = None,
+    shape_maps: torch.Tensor | None = None,
 ) -> Iterator[tuple]:
-    """Endless batches of (noisy latents, v targets, timesteps, token ids, masks, loss weights); an odd index is a
-    clip reversed. With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
+    """Endless batches of (noisy latents, v targets, timesteps, token ids, masks, loss weights, shape maps); an odd
+    index is a clip reversed. With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
     :data:`HIGH_NOISE_FROM` up. The loss weights are None (an even loss), or with ``kind_maps`` (:func:`kind_maps`) 1
-    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map.
+    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map. Clips are drawn evenly, or with
+    ``chances`` (one per clip) in proportion to them. The shape maps are None, or with ``shape_maps``
+    (:func:`shape_maps`) each drawn clip's, zero where its caption was dropped (no colour was asked).
     Every draw comes from ``generator``, read only as batches are taken, so a resumed stage restores it first."""
     captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
+    if chances is not None:
+        draw_weights = torch.tensor([chance for chance in chances for _ in range(2)], dtype=torch.float64)
     noise_schedule = DDPMScheduler(**NOISE_SCHEDULE)
     while True:
-        index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
+        if chances is None:
+            index = torch.randint(len(captions), (VIDEO_BATCH,), generator=generator)
+        else:
+            index = torch.multinomial(draw_weights, VIDEO_BATCH, replacement=True, generator=generator)
         drop = torch.rand(VIDEO_BATCH, generator=generator) < CAPTION_DROPOUT
-        clean = torch.stack([latents[i // 2].flip(1) if i % 2 else latents[i // 2] for i in index.tolist()])
-        maps = None if kind_maps is None else [kind_maps[i // 2].flip(1) if i % 2 else kind_maps[i // 2] for i in index]
+        clean = as_drawn(latents, index)
         noise = torch.randn(clean.shape, generator=generator)
         levels = NOISE_SCHEDULE["num_train_timesteps"]
         timesteps = torch.randint(levels, (VIDEO_BATCH,), generator=generator)
@@ -85,4 +109,9 @@ def video_batches(
         target = noise_schedule.get_velocity(clean, noise, timesteps)
         kept = zip(index.tolist(), drop.tolist(), strict=True)
         ids, mask = token_ids(tokenizer, ["" if dropped else captions[i] for i, dropped in kept])
-        yield noisy, target, timesteps, ids, mask, None if maps is None else 1 + KIND_WEIGHT * torch.stack(maps)
+        weights = None if kind_maps is None else 1 + KIND_WEIGHT * as_drawn(kind_maps, index)
+        shapes = None
+        if shape_maps is not None:
+            shapes = as_drawn(shape_maps, index)
+            shapes[drop] = 0
+        yield noisy, target, timesteps, ids, mask, weights, shapes

@@ -38,16 +38,24 @@ import argparse
 import copy
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers import AnimateDiffSDXLPipeline, AutoencoderKL, MotionAdapter, UNet2DConditionModel, UNetMotionModel
+from diffusers import (
+    AnimateDiffSDXLPipeline,
+    AutoencoderKL,
+    DDPMScheduler,
+    MotionAdapter,
+    UNet2DConditionModel,
+    UNetMotionModel,
+)
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from . import WEIGHTS
-from .clip_batches import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, video_batches
+from .clip_batches import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, shape_maps, video_batches
 from .clips import DIRECTION_TOKENS, FRAMES, MOTION_WORDS, make_clips
-from .configs import UNET_IMAGE_SIZE, build_scheduler, build_tokenizer
+from .configs import NOISE_SCHEDULE, UNET_IMAGE_SIZE, build_scheduler, build_tokenizer
 from .train import (
     DATASET_SCENES,
     KIND_WEIGHT,
@@ -80,6 +88,10 @@ PICTURE_STEPS, PICTURE_TUNE_STEPS = 1000, 2000
 CLIP_STEPS, CLIP_HIGH_NOISE_STEPS, CLIP_TUNE_STEPS = 1000, 1000, 3000
 #: The tuning stages' extra loss weight on the shape region, as the shipped U-Net's.
 SHAPE_WEIGHT = 5.0
+#: The seed offset (past ``RETUNE_SEED``) of a retune that holds colour: its batches are not the plain retune's.
+COLOUR_RETUNE_SEED = 3
+#: The training noise schedule's alpha_bar per timestep (:func:`colour_error` reads the clean latents' error).
+ALPHAS_CUMPROD = DDPMScheduler(**NOISE_SCHEDULE).alphas_cumprod
 
 
 def scaled_steps(steps: int, scale: float) -> int:
@@ -166,15 +178,36 @@ def train_drawer(
     peak_lr: float = TUNE_LR,
     average: torch.nn.Module | None = None,
     name: str = "drawer",
+    colour_weight: float = 0.0,
 ) -> None:
     """``drawer`` on ``batches`` (``train.denoiser_batches`` or ``clip_batches.video_batches``); the signature is
-    ``train.tune``'s trainer's (the text encoder is the drawer's own)."""
+    ``train.tune``'s trainer's (the text encoder is the drawer's own). With ``colour_weight`` the loss adds that
+    many times :func:`colour_error` (the batches carry shape maps)."""
 
     def loss_at(step: int) -> torch.Tensor:
-        noisy, target, timesteps, ids, _, weights = next(batches)
-        return weighted_mse(drawer(noisy, timesteps, ids), target, weights)
+        noisy, target, timesteps, ids, _, weights, *shapes = next(batches)
+        prediction = drawer(noisy, timesteps, ids)
+        loss = weighted_mse(prediction, target, weights)
+        if colour_weight:
+            loss = loss + colour_weight * colour_error(prediction, target, timesteps, shapes[0])
+        return loss
 
     optimise(drawer.parameters(), steps, peak_lr, loss_at, name, resumable, average)
+
+
+def colour_error(prediction: torch.Tensor, target: torch.Tensor, timesteps: torch.Tensor, shapes: torch.Tensor):
+    """How far each frame's predicted clean latents, averaged over its shape region, fall from the clip's: squared,
+    over channels and frames, averaged over the clips with a shape map (``shapes``, zero where no colour was asked).
+
+    The flat loss spreads a shape's colour error over its pixels, where the noise's own error drowns it; this term
+    reads the region's mean, which is the colour, frame by frame: a shape whose hue flickers between frames pays for
+    every frame that misses. For v-prediction the clean latents' error is ``-sqrt(1 - alpha_bar)`` times v's.
+    """
+    scale = (1 - ALPHAS_CUMPROD[timesteps]).sqrt().view(-1, 1, 1, 1, 1)
+    error = (prediction - target) * scale
+    region = (error * shapes).sum((-1, -2)) / shapes.sum((-1, -2)).clamp_min(1e-3)
+    asked = shapes.flatten(1).sum(1) > 0
+    return (region**2).mean((1, 2))[asked].mean() if asked.any() else prediction.new_zeros(())
 
 
 def motion_adapter_for(config) -> MotionAdapter:
@@ -231,6 +264,15 @@ def save_motion(out: Path, pictures: Path, tokenizer, vae, drawer: Drawer) -> No
     link_pictures_vae(folder, pictures)
 
 
+@dataclass(frozen=True)
+class Colour:
+    """The tuning stage's hold on colour: ``weight`` times :func:`colour_error` added to its loss, and the clips of
+    small shapes drawn ``small_draw`` times as often (their few latents are where the hue flickers most)."""
+
+    weight: float = 0.0
+    small_draw: float = 1.0
+
+
 def clip_trainable(drawer: Drawer) -> Drawer:
     """On clips every weight trains but the text encoder's first two layers: the shipped encoder's, which the U-Net's
     cross-attention reads."""
@@ -250,18 +292,26 @@ def tune_clips(
     seed: int,
     checkpoints: Path | None,
     name: str,
+    colour: Colour = Colour(),
 ) -> Drawer:
     """Stage 3's tuning: ``steps`` on ``clips`` (their ``latents``, drawn at ``size`` px, captions read by
     ``tokenizer``) with batches seeded ``seed``, half of each batch at high noise and the loss weighed up on each
-    frame's kind and shape regions; returns the moving average of the weights. With ``checkpoints`` the state is saved
-    there as ``<name>.pt``."""
+    frame's kind and shape regions (and, with ``colour``, its colour term, and small shapes drawn more often); returns
+    the moving average of the weights. With ``checkpoints`` the state is saved there as ``<name>.pt``."""
     generator = torch.Generator().manual_seed(seed)
-    maps = kind_maps(clips, size, latents.shape[-1], SHAPE_WEIGHT / KIND_WEIGHT)
-    batches = video_batches(latents, clips, tokenizer, generator, True, maps)
+    side = latents.shape[-1]
+    maps = kind_maps(clips, size, side, SHAPE_WEIGHT / KIND_WEIGHT)
+    chances = (
+        [colour.small_draw if clip.motion.size == "small" else 1.0 for clip in clips]
+        if colour.small_draw != 1
+        else None
+    )
+    shapes = shape_maps(clips, size, side) if colour.weight else None
+    batches = video_batches(latents, clips, tokenizer, generator, True, maps, chances, shapes)
     average = copy.deepcopy(drawer).requires_grad_(False)
     modules = {"drawer": drawer, "average": average}
     state = Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
-    train_drawer(drawer, None, batches, steps, state, KIND_TUNE_LR, average, name.replace("-", " "))
+    train_drawer(drawer, None, batches, steps, state, KIND_TUNE_LR, average, name.replace("-", " "), colour.weight)
     return average.eval()
 
 
@@ -273,10 +323,12 @@ def train(
     checkpoints: Path | None = None,
     size: int = SIZE,
     clip_tune_steps: int | None = None,
+    colour: Colour = Colour(),
 ) -> None:
     """All stages from the ``paradiff-tiny`` folder ``pictures`` (its U-Net, VAE and text encoder), on pictures and
     clips of ``size`` px; with ``checkpoints`` each stage saves its state there and a stopped run goes on from it.
-    ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) are the last stage's steps."""
+    ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) are the last stage's steps, ``colour`` its hold
+    on colour."""
 
     def resumable(name: str, modules: dict, generator: torch.Generator) -> Resumable | None:
         return Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
@@ -315,7 +367,8 @@ def train(
         state = resumable(stage, {"drawer": drawer}, generator)
         train_drawer(drawer, None, batches, scaled_steps(steps, scale), state, VIDEO_LR, name=stage)
     steps = scaled_steps(CLIP_TUNE_STEPS, scale) if clip_tune_steps is None else clip_tune_steps
-    average = tune_clips(drawer, clips, clip_latents, tokenizer, size, steps, seed + 8, checkpoints, "clips-tune")
+    tuning = (steps, seed + 8, checkpoints, "clips-tune", colour)
+    average = tune_clips(drawer, clips, clip_latents, tokenizer, size, *tuning)
     save_motion(out, pictures, tokenizer, vae, average)
 
 
@@ -328,10 +381,12 @@ def retune(
     checkpoints: Path | None,
     size: int,
     clip_tune_steps: int | None = None,
+    colour: Colour = Colour(),
 ) -> None:
     """Stage 3's tuning alone, again, ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) from the video
-    model in ``model/video`` on the same clips, with batches of seed ``seed + RETUNE_SEED``; the model's text encoder,
-    tokenizer and VAE are kept."""
+    model in ``model/video`` on the same clips, with batches of seed ``seed + RETUNE_SEED + 1`` (with a hold on
+    ``colour``, a stage of its own: ``+ COLOUR_RETUNE_SEED``); the model's text encoder, tokenizer and VAE are
+    kept."""
     steps = scaled_steps(CLIP_TUNE_STEPS, scale) if clip_tune_steps is None else clip_tune_steps
     folder, tokenizer = model / "video", pooled_tokenizer()
     vae = AutoencoderKL.from_pretrained(folder / "vae").requires_grad_(False).eval()
@@ -344,8 +399,11 @@ def retune(
     drawer = clip_trainable(Drawer(unet, text_encoder, size))
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     latents = encode_clips(vae, clips, size)
-    state, tuning_seed = "clips-retune", seed + RETUNE_SEED + 1
-    average = tune_clips(drawer, clips, latents, tokenizer, size, steps, tuning_seed, checkpoints, state)
+    if colour == Colour():
+        state, tuning_seed = "clips-retune", seed + RETUNE_SEED + 1
+    else:
+        state, tuning_seed = "clips-colour-retune", seed + RETUNE_SEED + COLOUR_RETUNE_SEED
+    average = tune_clips(drawer, clips, latents, tokenizer, size, steps, tuning_seed, checkpoints, state, colour)
     save_motion(out, pictures, tokenizer, vae, average)
 
 
@@ -360,6 +418,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=SIZE, help="the pictures' and clips' side in pixels")
     parser.add_argument("--clip-tune", type=int, help=f"the last stage's steps (default: the scaled {CLIP_TUNE_STEPS})")
     parser.add_argument("--tune-from", type=Path, help="a paradiff-tiny folder with video/: run the last stage again")
+    parser.add_argument(
+        "--colour-weight",
+        type=float,
+        default=0.0,
+        help="the last stage adds W times each frame's colour error on its shape region to its loss (default 0)",
+    )
+    parser.add_argument(
+        "--small-draw", type=float, default=1.0, help="the last stage draws small shapes' clips S times as often"
+    )
     args = parser.parse_args(argv)
     if args.size % 32:
         parser.error(f"--size {args.size} is not a multiple of 32 (the VAE's 8 x the U-Net's two halvings); use {SIZE}")
@@ -369,14 +436,18 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"--tune-from {args.tune_from} holds no video/ AnimateDiffSDXLPipeline; give a folder this script wrote"
         )
+    if args.colour_weight < 0:
+        parser.error(f"--colour-weight {args.colour_weight:g} is below 0; give 0 (no colour term) or more, e.g. 2")
+    if args.small_draw <= 0:
+        parser.error(f"--small-draw {args.small_draw:g} is not above 0; give 1 (an even draw) or more, e.g. 2")
+    colour = Colour(args.colour_weight, args.small_draw)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     if args.tune_from is None:
-        train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune)
+        train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune, colour)
     else:
-        retune(
-            args.out, args.tune_from, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune
-        )
+        where = (args.out, args.tune_from, args.scale, args.seed, args.pictures, args.checkpoints, args.size)
+        retune(*where, args.clip_tune, colour)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
