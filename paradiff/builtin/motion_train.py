@@ -26,6 +26,9 @@ model is an ``AnimateDiffSDXLPipeline`` and is made in stages, each seeded:
    ``--tune-from MODEL`` runs that tuning alone, again, from the video model in ``MODEL/video`` (its tokenizer,
    text encoder and VAE kept), with batches of its own seed (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its
    state in ``clips-retune.pt``: the held-out rates were still rising at the first run's last step.
+   ``--colour-weight W --small-draw S`` (:class:`Colour`) make the tuning hold colour: W times
+   :func:`colour_error` in its loss, small shapes' clips drawn S times as often; a retune that does is a stage of its
+   own (:data:`COLOUR_RETUNE_SEED`, state ``clips-colour-retune.pt``).
 
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae`` beside it, as
 the shipped ``paradiff-tiny`` folder holds it).
