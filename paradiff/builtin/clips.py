@@ -26,8 +26,6 @@ from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES, UNET_IMAGE_SIZE, draw_s
 
 #: Frames per clip: the video model's length.
 FRAMES = 16
-#: The side (px) a clip is drawn at unless asked: the U-Net's, where the video model is trained and draws.
-CLIP_SIZE = UNET_IMAGE_SIZE
 #: Where the shape's centre starts and ends along its line, as a fraction of the side from the edge it
 #: leaves and the edge it reaches (the pictures' left and right places), and the jitter of each.
 EDGE, JITTER = 0.22, 0.04
@@ -76,7 +74,7 @@ class Clip:
     start: tuple[float, float]
     end: tuple[float, float]
 
-    def draw(self, size: int = CLIP_SIZE) -> np.ndarray:
+    def draw(self, size: int = UNET_IMAGE_SIZE) -> np.ndarray:
         """The clip as an ``(FRAMES, size, size, 3)`` uint8 array (frames drawn at 2x and downsampled)."""
         big, motion = 2 * size, self.motion
         frames = []
@@ -95,13 +93,13 @@ class Clip:
         x, y = (a + share * (b - a) for a, b in zip(self.start, self.end, strict=True))
         return x, y
 
-    def kind_regions(self, size: int = CLIP_SIZE) -> np.ndarray:
+    def kind_regions(self, size: int = UNET_IMAGE_SIZE) -> np.ndarray:
         """Each frame's kind region, ``(FRAMES, size, size)`` bool: the pixels that a circle, a square and a
         triangle of the shape's size, where it is in that frame, do not all cover or all leave bare (as a
         picture's, :meth:`~paradiff.builtin.scenes.Scene.kind_region`)."""
         return np.stack([kinds_differ(covered) for covered in self._kinds_covering(size)])
 
-    def shape_regions(self, size: int = CLIP_SIZE) -> np.ndarray:
+    def shape_regions(self, size: int = UNET_IMAGE_SIZE) -> np.ndarray:
         """Each frame's shape region, ``(FRAMES, size, size)`` bool: the pixels that a shape of any kind would cover
         there, where the asked colour shows (as a picture's, :meth:`~paradiff.builtin.scenes.Scene.shape_region`)."""
         return np.stack([np.logical_or.reduce(covered) for covered in self._kinds_covering(size)])
