@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from diffusers import AutoencoderKL, DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
+from diffusers import DiffusionPipeline, PixArtAlphaPipeline, StableDiffusionPipeline
 from scene_analysis import asked_by, misses, where_is
 from training_runs import as_the_script, weights_in
 
 from paradiff.builtin import DEFAULT_SIZE, EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, unknown_words, warn_unknown_words
-from paradiff.builtin.configs import IMAGE_SIZE, build_dit, build_tokenizer, build_vae
+from paradiff.builtin.configs import build_dit, build_tokenizer, build_vae
 from paradiff.builtin.follow import judge, rates
 from paradiff.builtin.scenes import (
     BACKGROUNDS,
@@ -34,9 +34,7 @@ from paradiff.builtin.scenes import (
 from paradiff.builtin.train import (
     VAE_CONTRAST_MARGIN,
     contrast_shortfall,
-    encode_dataset,
     mirrored,
-    retune_vae,
     train,
     train_vae,
     vae_views,
@@ -383,31 +381,6 @@ def test_the_vae_stage_trains_on_the_contrast_term_only_when_asked(monkeypatch):
         trained.setdefault(contrast, []).append(vae.encoder.conv_in.weight.detach().clone())
     assert torch.equal(*trained[0.0]), "seeded: the same run twice gives the same weights"
     assert not torch.equal(trained[0.0][0], trained[50.0][0])
-
-
-def test_a_retuned_vae_moves_from_its_weights_at_the_retune_rate_and_is_scaled_again(monkeypatch):
-    """Two steps at :data:`VAE_RETUNE_LR` move each weight by at most ~1.2e-5 (AdamW's first steps move by about
-    the learning rate, 1/50 and 2/50 of the peak in the warm-up); at the first training's 1e-3, by ~6e-5."""
-    import paradiff.builtin.train as training
-
-    monkeypatch.setattr(training, "VAE_BATCH", 4)  # the tuning and the scale as shipped, on less data
-    monkeypatch.setattr(training, "VAE_SCALE_SCENES", 8)
-    modes, as_it_is = [], training.train_vae
-
-    def train_vae(vae, *args):
-        modes.append(vae.training)
-        as_it_is(vae, *args)
-
-    monkeypatch.setattr(training, "train_vae", train_vae)
-    vae = AutoencoderKL.from_pretrained(WEIGHTS / "sd" / "vae")
-    before = {name: tensor.clone() for name, tensor in vae.state_dict().items()}
-    retune_vae(vae, 2, seed=3, contrast=0.1, scale_seed=2)
-    moved = max(float((vae.state_dict()[name] - tensor).abs().max()) for name, tensor in before.items())
-    assert 0 < moved < 2e-5, moved
-    assert modes == [True], "tuned in train mode, as a built VAE is first trained (a loaded one computes apart)"
-    assert not vae.training and not any(parameter.requires_grad for parameter in vae.parameters())
-    latents, _, _ = encode_dataset(vae, 8, 2, IMAGE_SIZE)
-    assert vae.config.scaling_factor == pytest.approx(float(1 / latents.std()), rel=1e-6)
 
 
 def test_the_training_script_refuses_a_vae_contrast_beside_a_reused_vae(short_run, tmp_path, capsys):

@@ -84,9 +84,6 @@ VAE_STEPS, VAE_BATCH, VAE_CROP, VAE_LR = 2000, 8, 128, 1e-3
 #: ``--vae-contrast``'s margin: how far, in the batch's latent standard deviations, a shape's latents must lie from
 #: those of its bare background.
 VAE_CONTRAST_MARGIN = 2.0
-#: A trained VAE tuned further (:func:`retune_vae`): its peak learning rate (a fifth of the first training's, so that
-#: its latents stay close to those the denoisers learned on), and the scenes its scale is set from.
-VAE_RETUNE_LR, VAE_SCALE_SCENES = VAE_LR / 5, 256
 DATASET_SCENES = 2500
 TEXT_STEPS, TEXT_BATCH = 600, 64
 UNET_STEPS, DIT_STEPS, DENOISER_BATCH = 2400, 6000, 16
@@ -286,22 +283,6 @@ def train_vae(vae, steps: int, seed: int, contrast: float = 0.0, peak_lr: float 
         return loss + contrast * contrast_shortfall(views, posterior.mean) if contrast else loss
 
     optimise(vae.parameters(), steps, peak_lr, loss_at, "vae")
-
-
-def retune_vae(vae, steps: int, seed: int, contrast: float, scale_seed: int) -> None:
-    """A trained VAE, encoder and decoder, ``steps`` more of :func:`train_vae` from its weights, at
-    :data:`VAE_RETUNE_LR`, then its scaling factor set again from the spread of its latents (on
-    :data:`VAE_SCALE_SCENES` scenes of ``scale_seed``).
-
-    Started from the weights the denoisers learned on, its latents keep their layout (each channel stays close to
-    what it was) while ``contrast`` moves the shape colours it put next to their background away from it: meant for
-    tuning a denoiser on it instead of training one from the start."""
-    vae.requires_grad_(True).train()  # as a built VAE first trains: a loaded one is in eval mode, and computes apart
-    torch.manual_seed(seed)
-    train_vae(vae, steps, seed, contrast, VAE_RETUNE_LR)
-    vae.requires_grad_(False).eval()
-    latents, _, _ = encode_dataset(vae, VAE_SCALE_SCENES, scale_seed, IMAGE_SIZE)
-    scale_to_unit_spread(vae, latents)
 
 
 def scale_to_unit_spread(vae, latents: torch.Tensor) -> None:
