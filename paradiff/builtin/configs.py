@@ -6,7 +6,6 @@ a small U-Net on 128 px images and a small DiT on 256 px images (sizes in the RE
 
 from __future__ import annotations
 
-import torch
 from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
@@ -164,7 +163,3 @@ def build_scheduler(kind: str):
     if kind == "sd":
         return DDIMScheduler(**NOISE_SCHEDULE, clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing")
     return DPMSolverMultistepScheduler(**NOISE_SCHEDULE, timestep_spacing="trailing")
-
-
-def parameter_count(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
