@@ -16,9 +16,9 @@ from scene_analysis import motion_misses
 
 from paradiff.builtin import DEFAULT_SIZE, FRAMES, VIDEO_EXAMPLE_PROMPTS, WEIGHTS, call_kwargs, pipeline_folder
 from paradiff.builtin.clip_batches import (
+    BAND_SHARE,
     DATASET_CLIPS,
-    HIGH_NOISE_FROM,
-    HIGH_NOISE_SHARE,
+    NOISE_BANDS,
     VIDEO_BATCH,
     kind_maps,
     shape_maps,
@@ -126,7 +126,7 @@ def test_the_tuning_weighs_the_loss_up_on_the_kind_regions_reversed_with_the_cli
     shape_share = (kind_maps(clips, 128, 16, shape_share=0.5) - maps) / 0.5
     torch.testing.assert_close(shape_share, torch.nn.functional.adaptive_avg_pool3d(shapes, (FRAMES, 16, 16)))
     tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
-    batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(0), True, maps)
+    batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(0), "high", maps)
     expected = {}
     for clip, kind_map in zip(clips, maps, strict=True):
         for caption, frames in ((clip.caption, kind_map), (clip.reversed().caption, kind_map.flip(1))):
@@ -155,7 +155,8 @@ def test_the_colour_tuning_draws_small_shapes_by_their_chance_with_their_shape_m
             expected_map[key], size_of[key] = frames, clip.motion.size
 
     def small_share(chances) -> float:
-        batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(2), True, None, chances, maps)
+        generator = torch.Generator().manual_seed(2)
+        batches = video_batches(latents, clips, tokenizer, generator, "high", None, chances, maps)
         drawn = dropped = 0
         sizes = []
         for _ in range(60):
@@ -200,17 +201,20 @@ def test_the_colour_error_is_the_shape_regions_mean_error_on_the_clean_latents()
     assert colour_error(off_hue, target, timesteps, torch.zeros_like(shapes)) == 0
 
 
-def test_the_high_noise_batches_draw_half_of_each_batch_at_high_noise():
+def test_a_noise_band_draws_half_of_each_batch_in_it():
     tokenizer = build_tokenizer(tuple(MOTION_WORDS), DIRECTION_TOKENS)
     clips = make_clips(4, seed=0)
     latents = torch.zeros(len(clips), 4, FRAMES, 4, 4)
 
-    def first_half(high_noise: bool) -> torch.Tensor:
-        batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(1), high_noise)
-        return torch.stack([next(batches)[2][: int(HIGH_NOISE_SHARE * VIDEO_BATCH)] for _ in range(30)])
+    def first_half(band: str | None) -> torch.Tensor:
+        batches = video_batches(latents, clips, tokenizer, torch.Generator().manual_seed(1), band)
+        return torch.stack([next(batches)[2][: int(BAND_SHARE * VIDEO_BATCH)] for _ in range(30)])
 
-    assert (first_half(True) >= HIGH_NOISE_FROM).all()
-    assert (first_half(False) < HIGH_NOISE_FROM).any()
+    even = first_half(None)
+    for band, (low, high) in NOISE_BANDS.items():
+        drawn = first_half(band)
+        assert ((drawn >= low) & (drawn < high)).all(), band
+        assert not ((even >= low) & (even < high)).all(), "an even draw spans the levels"
 
 
 def test_shipped_video_model_is_small_and_loads_offline():

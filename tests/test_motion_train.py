@@ -12,11 +12,12 @@ from training_runs import as_the_script, weights_in
 from transformers import CLIPTextModel
 
 from paradiff.builtin import FRAMES, WEIGHTS
-from paradiff.builtin.clips import TEST_PROMPTS
+from paradiff.builtin.clips import TEST_PROMPTS, Motion, make_clips
 from paradiff.builtin.configs import build_tokenizer
 from paradiff.builtin.motion_train import (
     END_WORD,
     Drawer,
+    Tuning,
     main,
     pooled_text_encoder,
     pooled_tokenizer,
@@ -174,6 +175,38 @@ def test_a_retune_that_holds_colour_is_a_stage_of_its_own_and_its_loss_reads_the
     assert any(not torch.equal(runs["2"][name], runs["0"][name]) for name in runs["2"]), "the term moved the weights"
 
 
+def test_a_focus_draws_the_clips_showing_all_its_words_more_often_on_top_of_the_small_draw():
+    tuning = Tuning(small_draw=2, focus=("square", "gray"), focus_draw=4)
+    assert tuning.chance(Motion("square", "red", "small", "gray", "from left to right")) == 8
+    assert tuning.chance(Motion("square", "red", "large", "gray", "from left to right")) == 4
+    assert tuning.chance(Motion("square", "red", "large", "white", "from left to right")) == 1, "both words asked"
+    assert tuning.chance(Motion("circle", "red", "small", "gray", "from left to right")) == 2
+    assert Tuning(focus_draw=4).chance(Motion("square", "red", "large", "gray", "from left to right")) == 1
+
+
+def test_the_tuning_flags_reach_the_retunes_batches(short_motion_run, tmp_path, monkeypatch):
+    """``--tune-noise low --focus SIZE,COLOUR --focus-draw 3`` (the first clip's words): the retune draws its batches
+    in the low band, the focused clips three times as often (stopped at its batches: no step is trained)."""
+    import paradiff.builtin.motion_train as motion_train
+
+    class Drawn(Exception):
+        pass
+
+    def batches(latents, clips, tokenizer, generator, band, maps, chances, shapes):
+        raise Drawn(band, chances, [clip.motion for clip in clips])
+
+    monkeypatch.setattr(motion_train, "video_batches", batches)
+    first = make_clips(4, 0)[0].motion
+    flags = ["--scale", "0.002", "--size", "64", "--clip-tune", "2", "--tune-from", str(short_motion_run)]
+    focus = ["--focus", f"{first.size},{first.colour}", "--focus-draw", "3"]
+    with pytest.raises(Drawn) as drawn:
+        main(["--out", str(tmp_path), *flags, "--tune-noise", "low", *focus])
+    band, chances, motions = drawn.value.args
+    assert band == "low" and motions[0] == first
+    assert chances == [3.0 if (m.size, m.colour) == (first.size, first.colour) else 1.0 for m in motions]
+    assert len(set(chances)) == 2, "some clips are not focused"
+
+
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
@@ -182,6 +215,10 @@ def test_a_retune_that_holds_colour_is_a_stage_of_its_own_and_its_loss_reads_the
         (["--tune-from", str(WEIGHTS / "sd")], "holds no video/ AnimateDiffSDXLPipeline; give a folder this script"),
         (["--colour-weight", "-1"], "--colour-weight -1 is below 0; give 0 (no colour term) or more"),
         (["--small-draw", "0"], "--small-draw 0 is not above 0; give 1 (an even draw) or more"),
+        (["--focus", "small,round"], "--focus word 'round' is no kind, size, colour or background"),
+        (["--focus", "square", "--focus-draw", "0"], "--focus-draw 0 is not above 0; give 1 (an even draw) or more"),
+        (["--focus-draw", "4"], "--focus-draw 4 draws nothing more often without --focus; name the words"),
+        (["--tune-noise", "mid"], "--tune-noise: invalid choice: 'mid'"),
     ],
 )
 def test_the_script_refuses_what_it_cannot_run_before_writing_anything(tmp_path, capsys, flags, refusal):

@@ -2,8 +2,10 @@
 backwards, noised as the pictures are (``train.denoiser_batches``).
 
 Each clip is also trained played backwards, captioned with the opposite direction: exact, since the VAE encodes
-single frames. Half of a batch at high noise (t >= :data:`HIGH_NOISE_FROM`) is where the whole clip's layout, and so
-the way the shape moves, is decided: without it an earlier model put the shape in the same place in every frame.
+single frames. Half of a batch at high noise (:data:`NOISE_BANDS`) is where the whole clip's layout, and so the way
+the shape moves, is decided: without it an earlier model put the shape in the same place in every frame. Half at low
+noise is where the edges are drawn: a model given a true small square on gray with only the last steps' noise still
+rounded it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ DATASET_CLIPS = 500
 VIDEO_BATCH, VIDEO_LR = 4, 5e-4
 #: The tuning stage's peak learning rate: it goes on from a trained model.
 KIND_TUNE_LR = 0.3 * VIDEO_LR
-#: The share of each batch drawn at high noise, and where high noise starts.
-HIGH_NOISE_SHARE, HIGH_NOISE_FROM = 0.5, 700
+#: The share of each batch whose timesteps are drawn from one band of :data:`NOISE_BANDS`.
+BAND_SHARE = 0.5
+#: The bands of timesteps, ``[from, to)``, that a batch can put :data:`BAND_SHARE` of itself in.
+NOISE_BANDS = {"high": (700, 1000), "low": (0, 300)}
 
 
 def encode_clips(vae: AutoencoderKL, clips: list[Clip], size: int) -> torch.Tensor:
@@ -76,17 +80,17 @@ def video_batches(
     clips: list[Clip],
     tokenizer,
     generator: torch.Generator,
-    high_noise: bool = False,
+    band: str | None = None,
     kind_maps: torch.Tensor | None = None,
     chances: list[float] | None = None,
     shape_maps: torch.Tensor | None = None,
 ) -> Iterator[tuple]:
     """Endless batches of (noisy latents, v targets, timesteps, token ids, masks, loss weights, shape maps); an odd
-    index is a clip reversed. With ``high_noise``, :data:`HIGH_NOISE_SHARE` of each batch has its timestep drawn from
-    :data:`HIGH_NOISE_FROM` up. The loss weights are None (an even loss), or with ``kind_maps`` (:func:`kind_maps`) 1
-    plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map. Clips are drawn evenly, or with
-    ``chances`` (one per clip) in proportion to them. The shape maps are None, or with ``shape_maps``
-    (:func:`shape_maps`) each drawn clip's, zero where its caption was dropped (no colour was asked).
+    index is a clip reversed. With a ``band`` (a key of :data:`NOISE_BANDS`), :data:`BAND_SHARE` of each batch has
+    its timestep drawn from that band. The loss weights are None (an even loss), or with ``kind_maps``
+    (:func:`kind_maps`) 1 plus :data:`~paradiff.builtin.train.KIND_WEIGHT` times each drawn clip's map. Clips are
+    drawn evenly, or with ``chances`` (one per clip) in proportion to them. The shape maps are None, or with
+    ``shape_maps`` (:func:`shape_maps`) each drawn clip's, zero where its caption was dropped (no colour was asked).
     Every draw comes from ``generator``, read only as batches are taken, so a resumed stage restores it first."""
     captions = [caption for clip in clips for caption in (clip.caption, clip.reversed().caption)]
     if chances is not None:
@@ -102,9 +106,9 @@ def video_batches(
         noise = torch.randn(clean.shape, generator=generator)
         levels = NOISE_SCHEDULE["num_train_timesteps"]
         timesteps = torch.randint(levels, (VIDEO_BATCH,), generator=generator)
-        if high_noise:
-            high = torch.randint(HIGH_NOISE_FROM, levels, (VIDEO_BATCH,), generator=generator)
-            timesteps = torch.where(torch.arange(VIDEO_BATCH) < HIGH_NOISE_SHARE * VIDEO_BATCH, high, timesteps)
+        if band is not None:
+            banded = torch.randint(*NOISE_BANDS[band], (VIDEO_BATCH,), generator=generator)
+            timesteps = torch.where(torch.arange(VIDEO_BATCH) < BAND_SHARE * VIDEO_BATCH, banded, timesteps)
         noisy = noise_schedule.add_noise(clean, noise, timesteps)
         target = noise_schedule.get_velocity(clean, noise, timesteps)
         kept = zip(index.tolist(), drop.tolist(), strict=True)

@@ -26,9 +26,11 @@ model is an ``AnimateDiffSDXLPipeline`` and is made in stages, each seeded:
    ``--tune-from MODEL`` runs that tuning alone, again, from the video model in ``MODEL/video`` (its tokenizer,
    text encoder and VAE kept), with batches of its own seed (:data:`~paradiff.builtin.train.RETUNE_SEED`) and its
    state in ``clips-retune.pt``: the held-out rates were still rising at the first run's last step.
-   ``--colour-weight W --small-draw S`` (:class:`Colour`) make the tuning hold colour: W times
-   :func:`colour_error` in its loss, small shapes' clips drawn S times as often; a retune that does is a stage of its
-   own (:data:`COLOUR_RETUNE_SEED`, state ``clips-colour-retune.pt``).
+   ``--colour-weight W --small-draw S`` (:class:`Tuning`) make the tuning hold colour: W times
+   :func:`colour_error` in its loss, small shapes' clips drawn S times as often; ``--focus WORDS --focus-draw D``
+   draws the clips of a pairing D times as often, and ``--tune-noise low`` puts half of each batch at low noise
+   instead of high. A retune with any of these is a stage of its own (:data:`COLOUR_RETUNE_SEED`, state
+   ``clips-colour-retune.pt``).
 
 The pipeline is written to ``<out>/video`` (weights in float16, the VAE linked from ``../sd/vae`` beside it, as
 the shipped ``paradiff-tiny`` folder holds it).
@@ -56,9 +58,19 @@ from diffusers import (
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from . import WEIGHTS
-from .clip_batches import DATASET_CLIPS, KIND_TUNE_LR, VIDEO_LR, encode_clips, kind_maps, shape_maps, video_batches
-from .clips import DIRECTION_TOKENS, FRAMES, MOTION_WORDS, make_clips
+from .clip_batches import (
+    DATASET_CLIPS,
+    KIND_TUNE_LR,
+    NOISE_BANDS,
+    VIDEO_LR,
+    encode_clips,
+    kind_maps,
+    shape_maps,
+    video_batches,
+)
+from .clips import DIRECTION_TOKENS, FRAMES, MOTION_WORDS, Motion, make_clips
 from .configs import NOISE_SCHEDULE, UNET_IMAGE_SIZE, build_scheduler, build_tokenizer
+from .scenes import BACKGROUNDS, COLOURS, SHAPES, SIZES
 from .train import (
     DATASET_SCENES,
     KIND_WEIGHT,
@@ -91,8 +103,11 @@ PICTURE_STEPS, PICTURE_TUNE_STEPS = 1000, 2000
 CLIP_STEPS, CLIP_HIGH_NOISE_STEPS, CLIP_TUNE_STEPS = 1000, 1000, 3000
 #: The tuning stages' extra loss weight on the shape region, as the shipped U-Net's.
 SHAPE_WEIGHT = 5.0
-#: The seed offset (past ``RETUNE_SEED``) of a retune that holds colour: its batches are not the plain retune's.
+#: The seed offset (past ``RETUNE_SEED``) of a retune that holds colour (or draws otherwise than the first tuning):
+#: its batches are not the plain retune's.
 COLOUR_RETUNE_SEED = 3
+#: The words ``--focus`` takes: what a clip's motion shows but its direction.
+FOCUS_WORDS = frozenset([*SHAPES, *SIZES, *COLOURS, *BACKGROUNDS])
 #: The training noise schedule's alpha_bar per timestep (:func:`colour_error` reads the clean latents' error).
 ALPHAS_CUMPROD = DDPMScheduler(**NOISE_SCHEDULE).alphas_cumprod
 
@@ -268,12 +283,25 @@ def save_motion(out: Path, pictures: Path, tokenizer, vae, drawer: Drawer) -> No
 
 
 @dataclass(frozen=True)
-class Colour:
-    """The tuning stage's hold on colour: ``weight`` times :func:`colour_error` added to its loss, and the clips of
-    small shapes drawn ``small_draw`` times as often (their few latents are where the hue flickers most)."""
+class Tuning:
+    """What the tuning stage weighs up. Its hold on colour: ``colour_weight`` times :func:`colour_error` added to its
+    loss, and the clips of small shapes drawn ``small_draw`` times as often (their few latents are where the hue
+    flickers most). The clips whose motion has every word of ``focus`` (kind, size, colour or background words)
+    drawn ``focus_draw`` times as often: a pairing the model misses. ``band``, the noise band (a key of
+    :data:`~paradiff.builtin.clip_batches.NOISE_BANDS`) half of each batch is drawn from: high, where the layout is
+    decided, or low, where the edges are drawn."""
 
-    weight: float = 0.0
+    colour_weight: float = 0.0
     small_draw: float = 1.0
+    focus: tuple[str, ...] = ()
+    focus_draw: float = 1.0
+    band: str = "high"
+
+    def chance(self, motion: Motion) -> float:
+        """How many times as often as the others a clip showing ``motion`` is drawn."""
+        chance = self.small_draw if motion.size == "small" else 1.0
+        words = {motion.kind, motion.size, motion.colour, motion.background}
+        return chance * (self.focus_draw if self.focus and set(self.focus) <= words else 1.0)
 
 
 def clip_trainable(drawer: Drawer) -> Drawer:
@@ -295,26 +323,25 @@ def tune_clips(
     seed: int,
     checkpoints: Path | None,
     name: str,
-    colour: Colour = Colour(),
+    tuning: Tuning = Tuning(),
 ) -> Drawer:
     """Stage 3's tuning: ``steps`` on ``clips`` (their ``latents``, drawn at ``size`` px, captions read by
-    ``tokenizer``) with batches seeded ``seed``, half of each batch at high noise and the loss weighed up on each
-    frame's kind and shape regions (and, with ``colour``, its colour term, and small shapes drawn more often); returns
-    the moving average of the weights. With ``checkpoints`` the state is saved there as ``<name>.pt``."""
+    ``tokenizer``) with batches seeded ``seed``, half of each batch in ``tuning``'s noise band and the loss weighed
+    up on each frame's kind and shape regions (and as ``tuning`` asks, its colour term, and clips drawn unevenly);
+    returns the moving average of the weights. With ``checkpoints`` the state is saved there as ``<name>.pt``."""
     generator = torch.Generator().manual_seed(seed)
     side = latents.shape[-1]
     maps = kind_maps(clips, size, side, SHAPE_WEIGHT / KIND_WEIGHT)
-    chances = (
-        [colour.small_draw if clip.motion.size == "small" else 1.0 for clip in clips]
-        if colour.small_draw != 1
-        else None
-    )
-    shapes = shape_maps(clips, size, side) if colour.weight else None
-    batches = video_batches(latents, clips, tokenizer, generator, True, maps, chances, shapes)
+    chances = [tuning.chance(clip.motion) for clip in clips]
+    chances = None if set(chances) == {1.0} else chances
+    shapes = shape_maps(clips, size, side) if tuning.colour_weight else None
+    batches = video_batches(latents, clips, tokenizer, generator, tuning.band, maps, chances, shapes)
     average = copy.deepcopy(drawer).requires_grad_(False)
     modules = {"drawer": drawer, "average": average}
     state = Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
-    train_drawer(drawer, None, batches, steps, state, KIND_TUNE_LR, average, name.replace("-", " "), colour.weight)
+    train_drawer(
+        drawer, None, batches, steps, state, KIND_TUNE_LR, average, name.replace("-", " "), tuning.colour_weight
+    )
     return average.eval()
 
 
@@ -326,12 +353,12 @@ def train(
     checkpoints: Path | None = None,
     size: int = SIZE,
     clip_tune_steps: int | None = None,
-    colour: Colour = Colour(),
+    tuning: Tuning = Tuning(),
 ) -> None:
     """All stages from the ``paradiff-tiny`` folder ``pictures`` (its U-Net, VAE and text encoder), on pictures and
     clips of ``size`` px; with ``checkpoints`` each stage saves its state there and a stopped run goes on from it.
-    ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) are the last stage's steps, ``colour`` its hold
-    on colour."""
+    ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) are the last stage's steps, ``tuning`` what it
+    weighs up."""
 
     def resumable(name: str, modules: dict, generator: torch.Generator) -> Resumable | None:
         return Resumable(checkpoints / f"{name}.pt", modules, generator) if checkpoints else None
@@ -364,14 +391,14 @@ def train(
     drawer = clip_trainable(with_motion(drawer))
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     clip_latents = encode_clips(vae, clips, size)
-    for stage, steps, high_noise in (("clips", CLIP_STEPS, False), ("clips-high-noise", CLIP_HIGH_NOISE_STEPS, True)):
-        generator = torch.Generator().manual_seed(seed + (6 if high_noise else 7))
-        batches = video_batches(clip_latents, clips, tokenizer, generator, high_noise)
+    for stage, steps, band in (("clips", CLIP_STEPS, None), ("clips-high-noise", CLIP_HIGH_NOISE_STEPS, "high")):
+        generator = torch.Generator().manual_seed(seed + (6 if band else 7))
+        batches = video_batches(clip_latents, clips, tokenizer, generator, band)
         state = resumable(stage, {"drawer": drawer}, generator)
         train_drawer(drawer, None, batches, scaled_steps(steps, scale), state, VIDEO_LR, name=stage)
     steps = scaled_steps(CLIP_TUNE_STEPS, scale) if clip_tune_steps is None else clip_tune_steps
-    tuning = (steps, seed + 8, checkpoints, "clips-tune", colour)
-    average = tune_clips(drawer, clips, clip_latents, tokenizer, size, *tuning)
+    stage = (steps, seed + 8, checkpoints, "clips-tune", tuning)
+    average = tune_clips(drawer, clips, clip_latents, tokenizer, size, *stage)
     save_motion(out, pictures, tokenizer, vae, average)
 
 
@@ -384,12 +411,11 @@ def retune(
     checkpoints: Path | None,
     size: int,
     clip_tune_steps: int | None = None,
-    colour: Colour = Colour(),
+    tuning: Tuning = Tuning(),
 ) -> None:
     """Stage 3's tuning alone, again, ``clip_tune_steps`` (default: the scaled :data:`CLIP_TUNE_STEPS`) from the video
-    model in ``model/video`` on the same clips, with batches of seed ``seed + RETUNE_SEED + 1`` (with a hold on
-    ``colour``, a stage of its own: ``+ COLOUR_RETUNE_SEED``); the model's text encoder, tokenizer and VAE are
-    kept."""
+    model in ``model/video`` on the same clips, with batches of seed ``seed + RETUNE_SEED + 1`` (with any other
+    ``tuning``, a stage of its own: ``+ COLOUR_RETUNE_SEED``); the model's text encoder, tokenizer and VAE are kept."""
     steps = scaled_steps(CLIP_TUNE_STEPS, scale) if clip_tune_steps is None else clip_tune_steps
     folder, tokenizer = model / "video", pooled_tokenizer()
     vae = AutoencoderKL.from_pretrained(folder / "vae").requires_grad_(False).eval()
@@ -402,11 +428,11 @@ def retune(
     drawer = clip_trainable(Drawer(unet, text_encoder, size))
     clips = make_clips(max(4, round(DATASET_CLIPS * scale)), seed)
     latents = encode_clips(vae, clips, size)
-    if colour == Colour():
+    if tuning == Tuning():
         state, tuning_seed = "clips-retune", seed + RETUNE_SEED + 1
     else:
         state, tuning_seed = "clips-colour-retune", seed + RETUNE_SEED + COLOUR_RETUNE_SEED
-    average = tune_clips(drawer, clips, latents, tokenizer, size, steps, tuning_seed, checkpoints, state, colour)
+    average = tune_clips(drawer, clips, latents, tokenizer, size, steps, tuning_seed, checkpoints, state, tuning)
     save_motion(out, pictures, tokenizer, vae, average)
 
 
@@ -430,6 +456,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--small-draw", type=float, default=1.0, help="the last stage draws small shapes' clips S times as often"
     )
+    parser.add_argument(
+        "--focus",
+        default="",
+        metavar="WORDS",
+        help="comma-separated kind, size, colour or background words, e.g. small,square,gray: the clips showing all "
+        "of them are drawn --focus-draw times as often",
+    )
+    parser.add_argument(
+        "--focus-draw", type=float, default=1.0, metavar="D", help="how many times as often --focus is drawn"
+    )
+    parser.add_argument(
+        "--tune-noise",
+        choices=sorted(NOISE_BANDS),
+        default="high",
+        help="the noise band half of each of the last stage's batches is drawn from: high, where the layout is "
+        "decided (the default), or low, where the edges are drawn ("
+        + ", ".join(f"{name}: timesteps {low}-{high - 1}" for name, (low, high) in NOISE_BANDS.items())
+        + ")",
+    )
     args = parser.parse_args(argv)
     if args.size % 32:
         parser.error(f"--size {args.size} is not a multiple of 32 (the VAE's 8 x the U-Net's two halvings); use {SIZE}")
@@ -443,14 +488,22 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--colour-weight {args.colour_weight:g} is below 0; give 0 (no colour term) or more, e.g. 2")
     if args.small_draw <= 0:
         parser.error(f"--small-draw {args.small_draw:g} is not above 0; give 1 (an even draw) or more, e.g. 2")
-    colour = Colour(args.colour_weight, args.small_draw)
+    focus = tuple(word for word in args.focus.split(",") if word)
+    unknown = [word for word in focus if word not in FOCUS_WORDS]
+    if unknown:
+        parser.error(f"--focus word {unknown[0]!r} is no kind, size, colour or background; give e.g. small,square,gray")
+    if args.focus_draw <= 0:
+        parser.error(f"--focus-draw {args.focus_draw:g} is not above 0; give 1 (an even draw) or more, e.g. 4")
+    if args.focus_draw != 1 and not focus:
+        parser.error(f"--focus-draw {args.focus_draw:g} draws nothing more often without --focus; name the words")
+    tuning = Tuning(args.colour_weight, args.small_draw, focus, args.focus_draw, args.tune_noise)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     if args.tune_from is None:
-        train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune, colour)
+        train(args.out, args.scale, args.seed, args.pictures, args.checkpoints, args.size, args.clip_tune, tuning)
     else:
         where = (args.out, args.tune_from, args.scale, args.seed, args.pictures, args.checkpoints, args.size)
-        retune(*where, args.clip_tune, colour)
+        retune(*where, args.clip_tune, tuning)
     log(f"done in {(time.perf_counter() - start) / 60:.1f} min")
 
 
