@@ -47,8 +47,8 @@ GUIDANCE_SCALE = {"sd": 2.0, "pixart": 2.0, "video": 2.0}
 #: the clips' too.
 DEFAULT_SIZE = {"sd": UNET_IMAGE_SIZE, "pixart": 256, "video": UNET_IMAGE_SIZE}
 #: The denoising steps a pipeline is drawn with by default where they differ from the command line's usual count
-#: (``paradiff.loading.DEFAULT_STEPS``, which the pictures take). The video model follows held-out prompts as well
-#: at 8 steps as at 20 (docs/builtin-models.md), and a clip costs 16 frames of work a step.
+#: (``paradiff.loading.DEFAULT_STEPS``, which the pictures take). The video model follows held-out prompts nearly
+#: as well at 8 steps as at 20 (docs/builtin-models.md), and a clip costs 16 frames of work a step.
 OWN_STEPS = {"video": 8}
 
 
